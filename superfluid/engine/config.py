@@ -1,0 +1,33 @@
+"""Frozen configuration of the engine's parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running: int = 0  # lanes at once; 0: the runtime's max_batch
+    prefill_token_budget: int = 512  # prompt tokens per tick, over every lane
+    max_rounds: int = 8  # decode rounds per tick while nothing latency-sensitive waits
+    seed_ttl_ticks: int = 4  # a leased prefix stays pinned this many ticks
+    determinism_class: int = 0
+    prefix_caching: bool = True
+    max_replans: int = 64  # NeedsReplan answers one step may take before giving up
+    max_oom_retries: int = 3  # OOM faults a request survives (re-admitted each time)
+    kv_watermark: float = 0.01  # share of the pool admissions leave free
+    partial_emits: bool = True  # stream tokens as picked (PARTIAL_EMITS), not per tick
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = ""
+    runtime: str = "torch"  # "torch" | "toy"
+    dtype: str | None = None
+    kv_cache_mb: int = 0  # 0: the runtime's default
+    max_batch: int = 0  # 0: the runtime's default
+    deterministic: bool = False
+    max_queued_requests: int = 256  # waiting requests beyond which new ones are refused
+    max_n: int = 16  # the largest n a request may ask for
+    progress: bool = False  # a progress bar while weights load
+    scheduler: SchedulerConfig = SchedulerConfig()

@@ -1,0 +1,131 @@
+"""What a user asks of one generation: the vLLM-shaped ``SamplingParams``.
+
+This is the engine's side of sampling. It is validated once (``validate``) and
+then turned into the executor's ``abi.SamplingParams`` plus handles (logit bias,
+grammar) when the request is admitted. Ranges follow OpenAI's API where it has
+one (temperature in [0, 2], penalties in [-2, 2], logit bias in [-100, 100],
+top_logprobs up to 20).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .. import abi
+from ..abi import MAX_TOP_LOGPROBS
+
+
+class ParamError(ValueError):
+    """A parameter outside its range; ``param`` names it as OpenAI's error body does."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A constrained-decoding request: kind is one the executor compiles
+    ("json_object", "json_schema", "regex", "ebnf"); source is its text."""
+
+    kind: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16  # None: up to the context
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None  # None: none; k: chosen token plus the top k
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    grammar: GrammarSpec | None = None
+    skip_special_tokens: bool = True
+    priority: int = 0  # lower runs first; FCFS among equals
+
+    def __post_init__(self):
+        # Accept lists and a single string for convenience, keep tuples inside.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+
+    def with_(self, **kw) -> "SamplingParams":
+        return replace(self, **kw)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self, vocab_size: int | None = None, max_n: int = 16) -> None:
+        """Raise ParamError for anything outside its range."""
+        if not 1 <= self.n <= max_n:
+            raise ParamError(f"n must be between 1 and {max_n}, got {self.n}", "n")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ParamError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ParamError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.top_k < 0:
+            raise ParamError(f"top_k must be -1 (off) or positive, got {self.top_k}", "top_k")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ParamError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not -2.0 <= v <= 2.0:
+                raise ParamError(f"{name} must be in [-2, 2], got {v}", name)
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise ParamError(
+                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}", "repetition_penalty"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ParamError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ParamError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}", "top_logprobs")
+        if any(not s for s in self.stop):
+            raise ParamError("stop strings must not be empty", "stop")
+        if len(self.stop) > 16:
+            raise ParamError("at most 16 stop strings", "stop")
+        for tok, v in self.logit_bias.items():
+            if vocab_size is not None and not 0 <= int(tok) < vocab_size:
+                raise ParamError(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
+            if not -100.0 <= float(v) <= 100.0:
+                raise ParamError(f"logit_bias values must be in [-100, 100], got {v} for token {tok}", "logit_bias")
+        if vocab_size is not None:
+            for tok in self.stop_token_ids:
+                if not 0 <= tok < vocab_size:
+                    raise ParamError(f"stop_token_ids: {tok} is outside the vocabulary", "stop_token_ids")
+
+    # ---------------------------------------------------------------- abi side
+    def abi_sampling(self) -> int:
+        return abi.Sampling.GREEDY if self.greedy else abi.Sampling.SAMPLE
+
+    def abi_params(self) -> abi.SamplingParams:
+        return abi.SamplingParams(
+            temperature=float(self.temperature),
+            top_k=int(self.top_k),
+            top_p=float(self.top_p),
+            min_p=float(self.min_p),
+            repeat_penalty=float(self.repetition_penalty),
+            presence_penalty=float(self.presence_penalty),
+            freq_penalty=float(self.frequency_penalty),
+            flags=abi.SamplingFlag.IGNORE_EOS if self.ignore_eos else 0,
+        )
+
+    def want_logprobs(self) -> int:
+        """The admit's want_logprobs: 0 none, else the chosen token plus k top."""
+        return 0 if self.logprobs is None else self.logprobs + 1

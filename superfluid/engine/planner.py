@@ -1,0 +1,204 @@
+"""Decisions of one tick: which lanes retire, prefill, decode, and which requests
+are admitted. Building a plan changes no request; ``Scheduler.update`` applies a
+``ScheduledTick`` once the executor accepted it, so a plan answered with
+``NeedsReplan`` is simply rebuilt under tighter ``Limits``.
+
+"There is no prefill phase, only tokens to catch up": a lane's history is
+prefilled in chunks under the tick's token budget, and the tick that completes
+it may decode too (its first token comes from the prefill's last row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .. import abi
+from .config import SchedulerConfig
+from .request import Request, next_lane_tag
+
+MAX_GRANT = 0xFFFF  # max_new_tokens is a u16 in the reference ABI
+
+
+@dataclass
+class Limits:
+    """How a re-planned tick is tightened after NeedsReplan."""
+
+    max_admits: int | None = None
+    rounds: int | None = None
+    prefill_budget: int | None = None
+    use_seeds: bool = True
+
+
+@dataclass(frozen=True)
+class Seed:
+    handle: int
+    prefix_len: int
+
+
+@dataclass
+class Admission:
+    request: Request
+    lane_tag: int
+    seed: Seed | None
+    prefill_end: int
+    replay: int
+
+
+@dataclass
+class ScheduledTick:
+    plan: abi.TickPlan
+    admissions: list[Admission] = field(default_factory=list)
+    prefills: dict[int, int] = field(default_factory=dict)  # lane tag -> tokens planned
+    decodes: dict[int, int] = field(default_factory=dict)  # lane tag -> rounds granted
+    retires: list[int] = field(default_factory=list)
+    latency_sensitive: bool = False
+
+    @property
+    def empty(self) -> bool:
+        p = self.plan
+        return not (p.admits or p.prefills or p.decodes or p.retires)
+
+
+@dataclass
+class SchedulerView:
+    """What the planner reads of the scheduler."""
+
+    running: list[Request]  # admission order
+    waiting: list[Request]  # priority order (FCFS among equals)
+    orphan_retires: list[abi.LaneRetire]  # lanes of preempted requests
+    free_cells: int | None  # estimate from the last events; None: unknown
+    draining: bool = False
+
+
+class Planner:
+    def __init__(self, config: SchedulerConfig, desc, max_running: int):
+        self.config = config
+        self.desc = desc
+        self.max_running = max_running
+        self._plan_seq = 0
+
+    def next_plan_seq(self) -> int:
+        self._plan_seq += 1
+        return self._plan_seq
+
+    def build(
+        self,
+        view: SchedulerView,
+        limits: Limits,
+        lease: Callable[[Request], Seed | None],
+        write_prompt: Callable[[list[int]], abi.RingRef],
+    ) -> ScheduledTick:
+        cfg = self.config
+        tick = ScheduledTick(plan=abi.TickPlan(plan_seq=0))
+        retires = list(view.orphan_retires)
+        for req in view.running:
+            if req.retire_pending:
+                retires.append(abi.LaneRetire(req.lane_tag, publish_to_cache=cfg.prefix_caching))
+                tick.retires.append(req.lane_tag)
+        tick.retires += [r.lane_tag for r in view.orphan_retires]
+        live = [r for r in view.running if not r.retire_pending]
+
+        budget = cfg.prefill_token_budget if limits.prefill_budget is None else limits.prefill_budget
+        free = view.free_cells
+        if free is not None:
+            free -= len(live)  # a decode round of every running lane comes first
+        prefills: list[abi.PrefillChunk] = []
+        # lanes fully prefilled after this tick: (request, lane tag, replay tokens to go)
+        ready: list[tuple[Request, int, int]] = []
+        for req in live:
+            if req.lane_finished:
+                continue  # waits for the engine to finish it; cannot decode again
+            take = min(req.prefill_end - req.prefilled, budget)
+            if take > 0:
+                prefills.append(abi.PrefillChunk(req.lane_tag, req.prefilled, take))
+                tick.prefills[req.lane_tag] = take
+                budget -= take
+                if free is not None:
+                    free -= take
+            if req.prefilled + take >= req.prefill_end:
+                # A re-admitted lane replays its generated tokens before it samples; until
+                # it emits, grant the whole replay again (a yield may have cut it short).
+                ready.append((req, req.lane_tag, req.replay if req.replay_pending else 0))
+
+        admits: list[abi.LaneAdmit] = []
+        max_admits = len(view.waiting) if limits.max_admits is None else limits.max_admits
+        n_lanes = len(live)
+        blocked = False  # a waiting request could not be admitted (FCFS: none after it)
+        if not view.draining:
+            for req in view.waiting:
+                if len(admits) >= max_admits or n_lanes >= self.max_running:
+                    blocked = True
+                    break
+                history = req.history
+                seed = lease(req) if (cfg.prefix_caching and limits.use_seeds) else None
+                prefix = seed.prefix_len if seed else 0
+                replay = len(req.output_token_ids)
+                prefill_end = max(len(history) - replay, prefix)
+                need = prefill_end - prefix
+                if need > 0 and budget <= 0:
+                    blocked = True
+                    break
+                take = min(need, budget)
+                cells = take + (len(history) - prefill_end) + 1  # prefill, replay, a first token
+                if free is not None and cells > free:
+                    blocked = True
+                    break
+                tag = next_lane_tag()
+                p = req.params
+                admits.append(
+                    abi.LaneAdmit(
+                        lane_tag=tag,
+                        prompt=write_prompt(history),
+                        sampling=p.abi_sampling(),
+                        params=p.abi_params(),
+                        rng_counter_base=req.rng_base,
+                        decode_replay=replay,
+                        grammar_handle=req.grammar_handle,
+                        grammar_replay=replay if req.grammar_handle else 0,
+                        logit_bias_handle=req.logit_bias_handle,
+                        seed_handle=seed.handle if seed else 0,
+                        determinism_class=cfg.determinism_class,
+                        want_logprobs=p.want_logprobs(),
+                    )
+                )
+                tick.admissions.append(Admission(req, tag, seed, prefill_end, len(history) - prefill_end))
+                if take > 0:
+                    prefills.append(abi.PrefillChunk(tag, prefix, take))
+                    tick.prefills[tag] = take
+                    budget -= take
+                if free is not None:
+                    free -= cells
+                n_lanes += 1
+                if take == need:
+                    ready.append((req, tag, len(history) - prefill_end))
+
+        # Several rounds per tick amortize the tick's overhead, but only while nobody
+        # waits for a first token: a waiting request, or a lane still prefilling.
+        still_prefilling = n_lanes > len(ready)
+        waiting_left = len(view.waiting) > len(admits)
+        tick.latency_sensitive = bool(waiting_left and not view.draining) or still_prefilling or blocked
+        rounds = 1 if tick.latency_sensitive else cfg.max_rounds
+        if limits.rounds is not None:
+            rounds = min(rounds, limits.rounds)
+        decodes: list[abi.LaneDecode] = []
+        for req, tag, replay_left in ready:
+            k = min(min(rounds, req.tokens_left) + replay_left, MAX_GRANT)
+            if k <= 0:
+                continue
+            decodes.append(abi.LaneDecode(tag, k))
+            tick.decodes[tag] = k
+
+        tick.plan = abi.TickPlan(
+            plan_seq=self.next_plan_seq(),
+            flags=abi.TickFlag.DRAIN if view.draining else 0,
+            admits=admits,
+            prefills=prefills,
+            decodes=decodes,
+            retires=retires,
+            prefill_token_budget=cfg.prefill_token_budget if limits.prefill_budget is None else limits.prefill_budget,
+            # Prefix-cache entries give way to live work whenever the pool is short.
+            evictable_cache_classes=abi.CacheClass.RESIDENT_PREFIX,
+            max_evict_bytes=1 << 62,
+        )
+        return tick

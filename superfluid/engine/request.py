@@ -1,0 +1,126 @@
+"""A request as the scheduler sees it: one generation, one lane at a time.
+
+``n > 1`` becomes n requests (one per choice) that share a group id; they share
+the prompt's KV through the prefix cache, not through anything here.
+
+Invariants:
+- ``prompt_token_ids + output_token_ids`` is the token history; a re-admission
+  (after preemption or an OOM fault) sends all of it as the lane's prompt with
+  ``decode_replay = len(output_token_ids)`` and the same ``rng_base``, so the lane
+  continues with exactly the tokens it would have produced.
+- ``prefilled`` counts the history tokens the *current* lane holds (a seed's
+  prefix counts); it only moves when an executor event says so.
+- Handles (logit bias, grammar) belong to the request and are released when it
+  finishes, never when a lane retires: a preempted request comes back with them.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+
+from ..executor.sampling import splitmix64
+from .params import SamplingParams
+
+_MASK64 = (1 << 64) - 1
+
+
+def rng_base(seed: int | None, index: int) -> int:
+    """A 64-bit counter base for choice ``index``: a pure function of the seed, so
+    ``n=2`` with a seed gives two different samples that repeat across calls; a
+    fresh random base without one. Bases are hashed far apart, so one choice's
+    positions (base + token counter) never run into another's."""
+    if seed is None:
+        return int.from_bytes(os.urandom(8), "little")
+    return splitmix64(splitmix64(seed & _MASK64) ^ splitmix64((index + 1) * 0x9E3779B97F4A7C15 & _MASK64))
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted and to be re-admitted)
+    RUNNING = "running"  # a lane holds it
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token or string, or a grammar that ended
+    LENGTH = "length"  # max_tokens or the context
+    ABORT = "abort"  # the client went away, or an engine shutdown
+    ERROR = "error"  # the lane faulted and could not be recovered
+
+
+_tags = itertools.count(1)
+
+
+def next_lane_tag() -> int:
+    # Every admission gets a fresh tag: the executor may still remember a retired one.
+    return next(_tags)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int  # max_tokens, already cut to the context
+    index: int = 0  # choice index inside its group
+    group_id: str = ""
+    rng_base: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    # the current lane
+    lane_tag: int | None = None
+    prefilled: int = 0
+    prefill_end: int = 0  # history tokens that go through prefill (the rest: decode replay)
+    replay: int = 0  # decode_replay of the current admission
+    replay_pending: bool = False  # a re-admitted lane has not emitted yet
+    retire_pending: bool = False  # finished or aborted; the lane goes at the next tick
+    lane_finished: bool = False  # the executor reported a finish for this lane
+
+    # accounting
+    cached_tokens: int = 0  # prompt tokens a seed covered at the first admission
+    num_preemptions: int = 0
+    num_oom_retries: int = 0
+    admitted_once: bool = False
+    first_token_time: float | None = None
+
+    # handles owned by the request (0: none)
+    logit_bias_handle: int = 0
+    grammar_handle: int = 0
+
+    @property
+    def history(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def priority_key(self) -> tuple[int, float]:
+        return (self.params.priority, self.arrival)
+
+    @property
+    def tokens_left(self) -> int:
+        return self.max_new_tokens - len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.prefilled >= self.prefill_end
+
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
+        """Mark finished; the scheduler retires a live lane at its next tick."""
+        if self.status is Status.FINISHED:
+            return
+        self.finish_reason = reason
+        self.error = error
+        if self.lane_tag is not None:
+            self.retire_pending = True
+        self.status = Status.FINISHED

@@ -1,0 +1,332 @@
+"""Continuous batching over the tick contract.
+
+One step reads in a few lines: build a plan from the requests (``Planner``), run
+it (``Executor.run_tick``), apply the events (``update``). A plan the executor
+answers with ``NeedsReplan`` changed nothing, so the step rebuilds it tighter:
+fewer admissions, then one decode round, then a preempted lane (retired without
+publishing, re-admitted later with ``decode_replay``), and only when a single
+request cannot fit alone does that request fail.
+
+Token-level finishing lives here (``_accept``): the executor's EOS / length /
+grammar finishes, stop token ids and ``max_tokens``. Text-level finishing (stop
+strings) is the engine's; it calls ``finish`` and the lane retires next tick.
+
+Threading: every method runs on the engine's loop thread, except that another
+thread may raise the rings' yield flag (``rings.request_yield``) to cut a running
+tick short when a request arrives.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable
+
+import msgspec
+
+from .. import abi
+from .config import SchedulerConfig
+from .planner import Limits, Planner, ScheduledTick, SchedulerView, Seed
+from .request import FinishReason, Request, Status
+
+
+class SchedulerError(RuntimeError):
+    """The executor rejected a plan: a bug on this side, not a request's fault."""
+
+
+@dataclass
+class RequestUpdate:
+    request: Request
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[abi.LaneLogprob] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass
+class SchedulerStats:
+    ticks: int = 0
+    replans: int = 0
+    preemptions: int = 0
+    prefix_hit_tokens: int = 0  # prompt tokens seeds covered, over every admission
+    prompt_tokens: int = 0  # prompt tokens admitted for the first time
+    generation_tokens: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+TokenCallback = Callable[[Request, int], None]
+
+_FINISH = {abi.Finish.EOS: FinishReason.STOP, abi.Finish.LENGTH: FinishReason.LENGTH, abi.Finish.GRAMMAR: FinishReason.STOP}
+
+
+class Scheduler:
+    def __init__(self, executor, rings, config: SchedulerConfig = SchedulerConfig()):
+        self.ex = executor
+        self.rings = rings
+        self.config = config
+        self.desc = executor.desc
+        self.max_running = config.max_running or self.desc.max_batch
+        self.planner = Planner(config, self.desc, self.max_running)
+        self.waiting: list[Request] = []  # priority order; FCFS among equals
+        self.running: dict[int, Request] = {}  # lane tag -> request, admission order
+        self._orphans: list[abi.LaneRetire] = []  # lanes of preempted requests, to retire
+        self._free_cells: int | None = None
+        self.draining = False
+        self.stats = SchedulerStats()
+
+    # ------------------------------------------------------------ requests
+    def add(self, req: Request) -> None:
+        req.status = Status.WAITING
+        keys = [r.priority_key for r in self.waiting]
+        self.waiting.insert(bisect.bisect_right(keys, req.priority_key), req)
+
+    def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End a request (stop string, abort); a live lane retires at the next tick."""
+        was_waiting = req.status is Status.WAITING
+        req.finish(reason, error)
+        if was_waiting and req in self.waiting:
+            self.waiting.remove(req)
+        self._release_handles(req)
+
+    def abort(self, req: Request) -> None:
+        self.finish(req, FinishReason.ABORT)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._orphans)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ------------------------------------------------------------ one step
+    def step(self, on_token: TokenCallback | None = None) -> list[RequestUpdate]:
+        """Plan, run and apply one tick. ``on_token`` receives tokens as they are
+        picked (PARTIAL_EMITS) for requests that do not want logprobs; the rest
+        come back in the returned updates."""
+        limits = Limits()
+        leases: dict[int, Seed | None] = {}  # one lease per request across re-plans
+
+        def lease(req: Request) -> Seed | None:
+            if id(req) not in leases:
+                got = self.ex.lease_seed(
+                    req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class
+                )
+                leases[id(req)] = Seed(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
+            return leases[id(req)]
+
+        for _ in range(self.config.max_replans):
+            self.rings.begin_prompts()
+            tick = self.planner.build(self._view(), limits, lease, self.rings.write_prompt)
+            if tick.empty:
+                return []
+            self.rings.set_latency_wanted(tick.latency_sensitive)
+            streamed: dict[int, int] = {}
+            callback = None
+            if on_token is not None and self.config.partial_emits and tick.decodes:
+                tick.plan = msgspec.structs.replace(tick.plan, flags=tick.plan.flags | abi.TickFlag.PARTIAL_EMITS)
+                callback = self._partial_callback(tick, on_token, streamed)
+            out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
+            if out.status == abi.Status.OK:
+                return self.update(tick, out.events, streamed)
+            self.stats.replans += 1
+            if out.status == abi.Status.NEEDS_REPLAN:
+                limits = self._relieve(tick, limits)
+            elif out.status == abi.Status.REJECT_STALE_SEED:
+                limits.use_seeds = False
+            else:
+                raise SchedulerError(f"the executor rejected plan {tick.plan.plan_seq}: {abi.Status(out.status).name}")
+        raise SchedulerError(f"no plan fit after {self.config.max_replans} re-plans")
+
+    def _view(self) -> SchedulerView:
+        return SchedulerView(
+            running=list(self.running.values()),
+            waiting=self.waiting,
+            orphan_retires=self._orphans,
+            free_cells=self._free_cells,
+            draining=self.draining,
+        )
+
+    def _partial_callback(self, tick: ScheduledTick, on_token: TokenCallback, streamed: dict[int, int]):
+        by_tag = {a.lane_tag: a.request for a in tick.admissions}
+        by_tag.update(self.running)
+
+        def cb(lane_tag: int, token: int) -> None:
+            req = by_tag.get(lane_tag)
+            # Requests that want logprobs wait for the tick's end, where logprobs come.
+            if req is None or req.is_finished or req.params.logprobs is not None:
+                return
+            streamed[lane_tag] = streamed.get(lane_tag, 0) + 1
+            req.replay_pending = False
+            self._accept(req, token)
+            on_token(req, token)
+
+        return cb
+
+    # ------------------------------------------------------------ events
+    def update(self, tick: ScheduledTick, events: abi.TickEvents, streamed: dict[int, int] | None = None) -> list[RequestUpdate]:
+        """Apply an accepted tick's events. Usable with hand-made events in tests."""
+        streamed = streamed or {}
+        self.stats.ticks += 1
+        self._orphans = []
+        for tag in tick.retires:
+            self.running.pop(tag, None)
+
+        for adm in tick.admissions:
+            req = adm.request
+            self.waiting.remove(req)
+            req.status = Status.RUNNING
+            req.lane_tag = adm.lane_tag
+            req.prefilled = adm.seed.prefix_len if adm.seed else 0
+            req.prefill_end = adm.prefill_end
+            req.replay = adm.replay
+            req.replay_pending = adm.replay > 0
+            req.lane_finished = False
+            req.retire_pending = False
+            if not req.admitted_once:
+                req.admitted_once = True
+                req.cached_tokens = min(req.prefilled, len(req.prompt_token_ids))
+                self.stats.prompt_tokens += len(req.prompt_token_ids)
+            self.stats.prefix_hit_tokens += req.prefilled
+            self.running[adm.lane_tag] = req
+
+        dropped: dict[int, int] = {}
+        for e in events.shed.entries:
+            if e.kind == abi.ShedKind.PREFILL_CHUNK:
+                dropped[e.lane_tag] = dropped.get(e.lane_tag, 0) + e.tokens
+        for tag, n in tick.prefills.items():
+            req = self.running.get(tag)
+            if req is not None:
+                req.prefilled += n - dropped.get(tag, 0)
+
+        updates: dict[int, RequestUpdate] = {}
+
+        def upd(req: Request) -> RequestUpdate:
+            return updates.setdefault(id(req), RequestUpdate(req))
+
+        for f in events.faults:
+            req = self.running.pop(f.lane_tag, None)
+            if req is None or req.is_finished:
+                continue
+            req.lane_tag = None  # the executor dropped the lane: nothing to retire
+            if f.code == abi.FaultCode.OOM_TENTATIVE and req.num_oom_retries < self.config.max_oom_retries:
+                req.num_oom_retries += 1
+                self._requeue(req)
+            else:
+                name = abi.FaultCode(f.code).name if f.code in abi.FaultCode._value2member_map_ else str(f.code)
+                self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
+                upd(req).finished = True
+
+        logprobs: dict[int, list[abi.LaneLogprob]] = {}
+        for lp in events.logprobs:
+            logprobs.setdefault(lp.lane_tag, []).append(lp)
+
+        for emit in events.emits:
+            req = self.running.get(emit.lane_tag)
+            if req is None:
+                continue
+            if emit.spec.proposed:
+                self.stats.spec_proposed += emit.spec.proposed
+                self.stats.spec_accepted += emit.spec.accepted
+            tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
+            self.stats.generation_tokens += len(tokens)
+            if emit.finish != abi.Finish.NONE:
+                req.lane_finished = True
+            if tokens:
+                req.replay_pending = False
+            if req.is_finished:
+                continue  # a stop string ended it mid-tick; the rest is discarded
+            u = upd(req)
+            lps = logprobs.get(emit.lane_tag, [])
+            for i, token in enumerate(tokens[streamed.get(emit.lane_tag, 0) :]):
+                u.new_token_ids.append(token)
+                if i < len(lps):
+                    u.new_logprobs.append(lps[i])
+                if not self._accept(req, token):
+                    break
+            if not req.is_finished and emit.finish != abi.Finish.NONE:
+                self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
+            u.finished = req.is_finished
+
+        self._note_memory(events.mem)
+        return list(updates.values())
+
+    def _accept(self, req: Request, token: int) -> bool:
+        """Append one generated token; False once the request is finished by it."""
+        req.output_token_ids.append(token)
+        if token in req.params.stop_token_ids:
+            self.finish(req, FinishReason.STOP)
+            return False
+        if req.tokens_left <= 0:
+            self.finish(req, FinishReason.LENGTH)
+            return False
+        return True
+
+    def _note_memory(self, mem: abi.TickMemCounters) -> None:
+        self.stats.kv_blocks_total = mem.pool_blocks_total
+        self.stats.kv_blocks_used = mem.pool_blocks_used
+        if mem.pool_blocks_total == 0:
+            self._free_cells = None  # the runtime does not count cells: NeedsReplan decides
+            return
+        page = self.desc.page
+        evictable = mem.pool_bytes_evictable // self.desc.cell_bytes if self.desc.cell_bytes else 0
+        free = (mem.pool_blocks_total - mem.pool_blocks_used) * page + evictable
+        self._free_cells = free - int(self.config.kv_watermark * mem.pool_blocks_total * page)
+
+    # ------------------------------------------------------------ memory pressure
+    def _relieve(self, tick: ScheduledTick, limits: Limits) -> Limits:
+        """Tighten a plan the executor could not fit: fewer admissions, one round,
+        then preemption; a request that cannot fit alone fails."""
+        live = [r for r in self.running.values() if not r.retire_pending]
+        if tick.admissions:
+            if not live and len(tick.admissions) == 1 and not self._orphans:
+                req = tick.admissions[0].request
+                self.finish(req, FinishReason.ERROR, "the request does not fit in the KV cache")
+                return limits
+            limits.max_admits = len(tick.admissions) - 1
+            return limits
+        if any(k > 1 for k in tick.decodes.values()) and limits.rounds != 1:
+            limits.rounds = 1
+            return limits
+        if len(live) > 1:
+            self._preempt(max(live, key=lambda r: r.priority_key))
+            return limits
+        if live:
+            self.finish(live[0], FinishReason.ERROR, "the request does not fit in the KV cache")
+            return limits
+        raise SchedulerError("NeedsReplan with nothing left to give up")
+
+    def _preempt(self, req: Request) -> None:
+        self.running.pop(req.lane_tag, None)
+        # Not published: the point is to give its cells back in this very plan.
+        self._orphans.append(abi.LaneRetire(req.lane_tag, publish_to_cache=False))
+        req.num_preemptions += 1
+        self.stats.preemptions += 1
+        req.lane_tag = None
+        self._requeue(req)
+
+    def _requeue(self, req: Request) -> None:
+        req.prefilled = 0
+        req.replay_pending = False
+        req.lane_finished = False
+        req.retire_pending = False
+        self.add(req)
+
+    def _release_handles(self, req: Request) -> None:
+        # The executor copied the bias into the lane and borrowed the grammar with a
+        # lane handle of its own, so the owner's handles may go while the lane lives.
+        if req.logit_bias_handle:
+            self.ex.release_logit_bias(req.logit_bias_handle)
+            req.logit_bias_handle = 0
+        if req.grammar_handle:
+            self.ex.release_grammar(req.grammar_handle)
+            req.grammar_handle = 0
