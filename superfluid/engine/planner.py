@@ -152,7 +152,9 @@ class Planner:
                         prompt=write_prompt(history),
                         sampling=p.abi_sampling(),
                         params=p.abi_params(),
-                        rng_counter_base=req.rng_base,
+                        # The lane's draw counter starts at 0 and replayed tokens draw
+                        # nothing, so a re-admitted lane starts where its first left off.
+                        rng_counter_base=(req.rng_base + replay) & ((1 << 64) - 1),
                         decode_replay=replay,
                         grammar_handle=req.grammar_handle,
                         grammar_replay=replay if req.grammar_handle else 0,

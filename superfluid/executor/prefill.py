@@ -1,0 +1,209 @@
+"""Prefill: this tick's chunks under the token budget, in steps a yield can end.
+
+Invariants:
+- A chunk cut by the budget or a yield is a PREFILL_CHUNK shed entry; the lane keeps
+  what it prefilled and the scheduler re-plans the rest from ``token_offset``.
+- When a chunk completes the prompt and the lane decodes this tick, its last token's
+  row is kept (the first token costs no decode step). Otherwise the prompt's last
+  token is held back as ``pending_input`` for the first decode.
+- On a recurrent runtime the completed prompt is checkpointed one token short of its
+  end: a resent prompt or the next turn starts there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..runtimes.base import Feed, PrimError
+from .tick import FatalTick, TickState, fault_lane, lane_fault_code
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+CHECKPOINT_MIN_TOKENS = 128  # a shorter prompt costs little to run again
+LATENCY_STEP_SECS = 0.3  # while latency matters, a prefill step is about this long
+LATENCY_STEP_UNIT = 128  # short steps are whole multiples of this, never fewer
+SYNC_STEP_SECS = 0.5  # a step at least this long is waited out before the next
+
+
+@dataclass
+class _Work:
+    tag: int
+    next: int
+    end: int
+
+
+@dataclass
+class _Planned:
+    tag: int
+    tokens: list[int]
+    wants_row: bool
+
+
+def _step_cap(ex: "Executor") -> int:
+    n = ex.desc.prefill_step_tokens
+    if n == 0:
+        return 1 << 62
+    spt = ex.prefill_secs_per_token
+    if spt and ex.rings.latency_wanted():
+        fits = int(LATENCY_STEP_SECS / spt) // LATENCY_STEP_UNIT * LATENCY_STEP_UNIT
+        return min(max(fits, LATENCY_STEP_UNIT), max(n, LATENCY_STEP_UNIT))
+    return n
+
+
+def checkpoint_prompt(ex: "Executor", tag: int) -> None:
+    """A copy of the lane's state where its prompt ends, less the held-back token."""
+    lane = ex.lanes.get(tag)
+    if lane is None:
+        return
+    n = lane.ingested()
+    tokens = lane.committed[:n]
+    if n < CHECKPOINT_MIN_TOKENS or ex.cache.find_tokens(tokens) is not None:
+        return
+    try:
+        dst = ex.prim.seq_create()
+    except PrimError:
+        return
+    try:
+        ex.prim.seq_copy(lane.seq, dst, n)
+    except PrimError:
+        ex.prim.seq_free(dst)
+        return
+    ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count)
+
+
+def prefill_phase(ex: "Executor", st: TickState) -> None:
+    t0 = time.perf_counter_ns()
+    plan = st.plan
+    decode_tags = {d.lane_tag for d in plan.decodes if d.max_new_tokens > 0}
+    budget = plan.prefill_token_budget
+    work: list[_Work] = []
+    for p in plan.prefills:
+        take = min(p.token_count, budget)
+        budget -= take
+        if p.token_count > take:
+            st.dropped(p.lane_tag, p.token_count - take)
+        if take > 0:
+            work.append(_Work(p.lane_tag, p.token_offset, p.token_offset + take))
+    step_cap = _step_cap(ex)
+    if step_cap < (1 << 62):
+        spt = ex.prefill_secs_per_token
+        ex.prim.sync_steps(ex.rings.latency_wanted() or spt is None or spt * step_cap >= SYNC_STEP_SECS)
+    ran = 0
+    stepped = False
+    while any(w.next < w.end for w in work):
+        if stepped and ex.rings.yield_requested():
+            for w in work:
+                if w.next < w.end:
+                    st.dropped(w.tag, w.end - w.next)
+            st.yielded = True
+            break
+        stepped = True
+        planned: list[_Planned] = []
+        checkpoints: list[int] = []
+        left = step_cap
+        for w in work:
+            if w.next >= w.end or left == 0:
+                continue
+            if w.tag in st.faulted:
+                w.next = w.end
+                continue
+            take = min(w.end - w.next, left)
+            left -= take
+            ran += take
+            lane = ex.lanes[w.tag]
+            chunk = lane.prompt[w.next : w.next + take]
+            completes = w.next + take == len(lane.prompt)
+            w.next += take
+            feed = [] if lane.pending_input is None else [lane.pending_input]
+            lane.pending_input = None
+            checkpoint = completes and ex.desc.exact_only and len(lane.prompt) >= 2
+            wants_row = completes and w.tag in decode_tags and not checkpoint
+            if checkpoint:
+                checkpoints.append(w.tag)
+            if completes and not wants_row:
+                feed += chunk[:-1]
+                lane.pending_input = chunk[-1]
+            else:
+                feed += chunk
+            lane.committed += chunk
+            lane.prefilled += take
+            if feed:
+                planned.append(_Planned(w.tag, feed, wants_row))
+        if not planned:
+            continue
+        try:
+            got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in planned])
+        except PrimError as e:
+            code = lane_fault_code(e)
+            if code is None:
+                raise FatalTick(ex.fatal("a prefill step")) from None
+            for f in planned:
+                fault_lane(ex, st, f.tag, code)
+            continue
+        wanted = [f for f in planned if f.wants_row]
+        if len(got) != len(wanted):
+            raise FatalTick(ex.fatal("a prefill step's rows"))
+        for f, row in zip(wanted, got):
+            st.rows[f.tag] = row
+        for tag in checkpoints:
+            checkpoint_prompt(ex, tag)
+    st.prefill_ns = time.perf_counter_ns() - t0
+    if ran >= LATENCY_STEP_UNIT:
+        sample = st.prefill_ns / 1e9 / ran
+        prev = ex.prefill_secs_per_token
+        ex.prefill_secs_per_token = sample if prev is None else 0.7 * prev + 0.3 * sample
+
+
+def replay_phase(ex: "Executor", st: TickState, replaying: list[int], remaining: dict[int, int]) -> None:
+    """Feed the last ``decode_replay`` prompt tokens through decode-shaped steps, one
+    per round, so a rebuilt lane's state is computed as it first was. Each replayed
+    token spends one of the lane's rounds this tick."""
+    yield_after_pass = False
+    while True:
+        passing: list[_Planned] = []
+        for tag in replaying:
+            if remaining.get(tag, 0) <= 0 or tag not in ex.lanes:
+                continue
+            lane = ex.lanes[tag]
+            at = len(lane.committed)
+            if at >= len(lane.prompt):
+                continue
+            token = lane.prompt[at]
+            last = at + 1 == len(lane.prompt)
+            lane.committed.append(token)
+            remaining[tag] -= 1
+            if last and remaining[tag] == 0:
+                lane.pending_input = token
+            else:
+                passing.append(_Planned(tag, [token], last))
+        if not passing:
+            break
+        if yield_after_pass and ex.rings.yield_requested():
+            for f in passing:
+                ex.lanes[f.tag].committed.pop()
+                remaining[f.tag] += 1
+            break
+        yield_after_pass = True
+        batch = max(ex.desc.max_batch, 1)
+        for i in range(0, len(passing), batch):
+            chunk = passing[i : i + batch]
+            try:
+                got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in chunk])
+            except PrimError as e:
+                code = lane_fault_code(e)
+                if code is None:
+                    raise FatalTick(ex.fatal("a decode step")) from None
+                for f in chunk:
+                    fault_lane(ex, st, f.tag, code)
+                    remaining.pop(f.tag, None)
+                continue
+            it = iter(got)
+            for f in chunk:
+                if f.wants_row:
+                    st.rows[f.tag] = next(it)
+    for tag in replaying:
+        if remaining.get(tag) == 0:
+            remaining.pop(tag)

@@ -1,0 +1,221 @@
+"""The first half of a tick: check the whole plan, change nothing.
+
+Every check reads executor and runtime state and raises ``Reject(status)``; nothing
+here may mutate either (the grammar store's ``cursor`` builds a fresh matcher).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..abi import LaneAdmit, Sampling, Status, TickFlag, TickPlan
+from ..rings import RingError
+
+if TYPE_CHECKING:
+    from .executor import Executor
+
+
+class Reject(Exception):
+    def __init__(self, status: Status):
+        super().__init__(status.name)
+        self.status = status
+
+
+def ring_status(e: RingError) -> Status:
+    if e.kind == RingError.Kind.STALE:
+        return Status.REJECT_BAD_REF_GENERATION
+    return Status.REJECT_BOUNDS
+
+
+@dataclass
+class Checked:
+    """What validation learned, for the capacity check and the carry-out."""
+
+    prompts: dict[int, list[int]] = field(default_factory=dict)  # admits' prompts
+    cursors: dict[int, object] = field(default_factory=dict)  # admits' grammar cursors
+    admits: dict[int, LaneAdmit] = field(default_factory=dict)
+    prefill_tokens: int = 0  # within the plan's budget
+    decode_rounds: int = 0  # capped by each lane's room to max_seq_len
+    live_retires: list = field(default_factory=list)
+
+
+def prefill_end_of(prompt_len: int, seeded: int, decode_replay: int) -> int:
+    return max(prompt_len - decode_replay, seeded)
+
+
+def validate(ex: "Executor", plan: TickPlan) -> Checked:
+    desc = ex.desc
+    if ex.last_plan_seq is not None and plan.plan_seq <= ex.last_plan_seq:
+        raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+    if plan.max_decode_lanes > desc.max_batch:
+        raise Reject(Status.REJECT_BUDGET)
+    if plan.flags & TickFlag.DRAIN and plan.admits:
+        raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+    chk = Checked()
+    _check_admits(ex, plan, chk)
+    _check_commits(ex, plan)
+    reached = _check_prefills(ex, plan, chk)
+    _check_decodes(ex, plan, chk, reached)
+    for r in plan.retires:
+        if r.lane_tag not in ex.lanes and r.lane_tag not in ex.faulted:
+            raise Reject(Status.REJECT_UNKNOWN_LANE)
+    chk.live_retires = [r for r in plan.retires if r.lane_tag in ex.lanes]
+    retiring = {r.lane_tag for r in plan.retires}
+    if len(retiring) != len(plan.retires):
+        raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+    # Retires run first: a lane that goes cannot also be fed this tick.
+    worked = {c.lane_tag for c in plan.commits} | {p.lane_tag for p in plan.prefills} | {d.lane_tag for d in plan.decodes}
+    if retiring & worked:
+        raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+    return chk
+
+
+def _check_admits(ex: "Executor", plan: TickPlan, chk: Checked) -> None:
+    desc = ex.desc
+    seen_seeds: set[int] = set()
+    seen_grammars: set[int] = set()
+    for a in plan.admits:
+        if a.lane_tag in ex.lanes or a.lane_tag in chk.admits or a.lane_tag == 0:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        try:
+            prompt = ex.rings.read_tokens(a.prompt)
+        except RingError as e:
+            raise Reject(ring_status(e)) from None
+        if not prompt:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if max(prompt) >= desc.vocab_size:
+            raise Reject(Status.REJECT_BOUNDS)
+        if a.sampling not in (Sampling.GREEDY, Sampling.SAMPLE, Sampling.HOST):
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if a.decode_replay < 0 or a.decode_replay >= len(prompt):
+            raise Reject(Status.REJECT_BOUNDS)
+        if a.strategy_slot != 0 and (ex.strategy is None or ex.strategy_slot != a.strategy_slot):
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if a.grammar_handle != 0:
+            if (
+                not ex.grammars.available(a.grammar_handle)
+                or a.grammar_handle in seen_grammars
+                or a.sampling == Sampling.HOST
+                or a.grammar_replay > len(prompt)
+            ):
+                raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+            seen_grammars.add(a.grammar_handle)
+            replay = prompt[len(prompt) - a.grammar_replay :] if a.grammar_replay else []
+            cursor = ex.grammars.cursor(a.grammar_handle, replay)
+            if cursor is None:
+                raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+            chk.cursors[a.lane_tag] = cursor
+        elif a.grammar_replay != 0:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if a.logit_bias_handle != 0 and a.logit_bias_handle not in ex.biases:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if a.seed_handle != 0:
+            _check_seed(ex, a, prompt, seen_seeds)
+        if len(prompt) > desc.max_seq_len:
+            raise Reject(Status.REJECT_BUDGET)
+        chk.prompts[a.lane_tag] = prompt
+        chk.admits[a.lane_tag] = a
+
+
+def _check_seed(ex: "Executor", a: LaneAdmit, prompt: list[int], seen: set[int]) -> None:
+    if a.seed_handle in seen:
+        raise Reject(Status.REJECT_STALE_SEED)
+    seen.add(a.seed_handle)
+    lease = ex.seeds.get(a.seed_handle)
+    if lease is None or lease.expires_at_tick < ex.tick_count or lease.determinism != a.determinism_class:
+        raise Reject(Status.REJECT_STALE_SEED)
+    n = len(lease.prefix)
+    if len(prompt) < n or prompt[:n] != lease.prefix:
+        raise Reject(Status.REJECT_STALE_SEED)
+    if lease.adopted is not None:
+        if lease.adopted not in ex.bare:
+            raise Reject(Status.REJECT_STALE_SEED)
+        if n == len(prompt) and ex.desc.exact_only:
+            # the state cannot give back the prompt's last token for the first decode
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+    elif ex.cache.get(lease.entry_id) is None:
+        raise Reject(Status.REJECT_STALE_SEED)
+
+
+def _check_commits(ex: "Executor", plan: TickPlan) -> None:
+    seen: set[int] = set()
+    for c in plan.commits:
+        lane = ex.lanes.get(c.lane_tag)
+        if lane is None:
+            raise Reject(Status.REJECT_UNKNOWN_LANE)
+        if lane.sampling != Sampling.HOST or lane.finished or c.lane_tag in seen:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        seen.add(c.lane_tag)
+        if lane.pending_logits is None:
+            raise Reject(Status.REJECT_HOST_RULES)
+        if c.logits_nonce != lane.pending_logits.generation:
+            raise Reject(Status.REJECT_STALE_NONCE)
+        if not 0 <= c.token_id < ex.desc.vocab_size:
+            raise Reject(Status.REJECT_BOUNDS)
+
+
+def _seeded(ex: "Executor", a: LaneAdmit) -> int:
+    return len(ex.seeds[a.seed_handle].prefix) if a.seed_handle else 0
+
+
+def _check_prefills(ex: "Executor", plan: TickPlan, chk: Checked) -> dict[int, int]:
+    """Returns each prefilled lane's progress after this tick's budget."""
+    reached: dict[int, int] = {}
+    budget_left = plan.prefill_token_budget
+    for p in plan.prefills:
+        if p.lane_tag in reached:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        lane = ex.lanes.get(p.lane_tag)
+        if lane is not None:
+            end, done = lane.prefill_end, lane.prefilled
+        elif p.lane_tag in chk.admits:
+            a = chk.admits[p.lane_tag]
+            done = _seeded(ex, a)
+            end = prefill_end_of(len(chk.prompts[p.lane_tag]), done, a.decode_replay)
+        else:
+            raise Reject(Status.REJECT_UNKNOWN_LANE)
+        if p.token_offset != done or p.token_count < 0:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if p.token_offset + p.token_count > end:
+            raise Reject(Status.REJECT_BOUNDS)
+        take = min(p.token_count, budget_left)
+        budget_left -= take
+        chk.prefill_tokens += take
+        reached[p.lane_tag] = done + take
+    return reached
+
+
+def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[int, int]) -> None:
+    commits = {c.lane_tag for c in plan.commits}
+    seen: set[int] = set()
+    for d in plan.decodes:
+        if d.lane_tag in seen or d.max_new_tokens < 0 or d.overshoot < 0:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        seen.add(d.lane_tag)
+        lane = ex.lanes.get(d.lane_tag)
+        if lane is not None:
+            is_host = lane.sampling == Sampling.HOST
+            pending_row = lane.pending_logits is not None
+            end = lane.prefill_end
+            after = reached.get(d.lane_tag, lane.prefilled)
+            finished, committed_len = lane.finished, len(lane.committed)
+        elif d.lane_tag in chk.admits:
+            a = chk.admits[d.lane_tag]
+            seeded = _seeded(ex, a)
+            end = prefill_end_of(len(chk.prompts[d.lane_tag]), seeded, a.decode_replay)
+            is_host, pending_row, finished = a.sampling == Sampling.HOST, False, False
+            after, committed_len = reached.get(d.lane_tag, seeded), end
+        else:
+            raise Reject(Status.REJECT_UNKNOWN_LANE)
+        if finished:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if is_host:
+            if d.max_new_tokens != 1:
+                raise Reject(Status.REJECT_HOST_RULES)
+            if pending_row and d.lane_tag not in commits:
+                raise Reject(Status.REJECT_HOST_RULES)
+        if after != end:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        room = max(ex.desc.max_seq_len - committed_len, 0)
+        chk.decode_rounds += min(d.max_new_tokens, room)

@@ -1,0 +1,152 @@
+"""Load a Llama-family GGUF file: ModelConfig from metadata, fp32 tensors by dequantizing.
+
+GGUF stores matrices as [out, in] in numpy order (ggml's ne is reversed). For the
+``llama`` architecture llama.cpp permutes the rows of attn_q / attn_k so that RoPE can
+rotate interleaved pairs; we undo it (as transformers' gguf loader does) and use the
+rotate-half RoPE of Hugging Face models everywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from ...models import ModelLoadError
+from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes
+
+SUPPORTED_QUANTS = {
+    GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
+    GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
+    GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K,
+    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+}
+
+_LAYER_NAMES = {  # gguf suffix -> canonical suffix
+    "attn_norm.weight": "attn_norm", "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v",
+    "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias", "attn_output.weight": "o",
+    "ffn_norm.weight": "ffn_norm", "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
+                 "rope_freqs.weight": "rope_freqs"}
+
+
+def gguf_name(key: str) -> str:
+    """Canonical name -> the GGUF tensor name (for error messages)."""
+    if key.startswith("layers."):
+        _, idx, suffix = key.split(".", 2)
+        return f"blk.{idx}." + next(g for g, c in _LAYER_NAMES.items() if c == suffix)
+    return next(g for g, c in _GLOBAL_NAMES.items() if c == key)
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    try:
+        return GGUFReader(path)
+    except Exception as e:  # truncated headers, bad magic, short tensor data
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def field(reader: GGUFReader, key: str, path: Path, default=None, required: bool = True):
+    f = reader.fields.get(key)
+    if f is None:
+        if required and default is None:
+            raise ModelLoadError(f"{path}: missing metadata field {key!r}")
+        return default
+    try:
+        return f.contents()
+    except Exception as e:
+        raise ModelLoadError(f"{path}: unreadable metadata field {key!r} ({e})") from e
+
+
+def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
+    arch = field(reader, "general.architecture", path)
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{path}: unsupported architecture {arch!r} (field general.architecture); supported: {', '.join(ARCHITECTURES)}")
+    a = lambda k, d=None: field(reader, f"{arch}.{k}", path, d)  # noqa: E731
+    hidden, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
+    n_kv = a("attention.head_count_kv", n_heads)
+    head_dim = int(a("attention.key_length", hidden // n_heads))
+    names = [t.name for t in reader.tensors]
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise ModelLoadError(f"{path}: missing tensor 'token_embd.weight'")
+    vocab = int(a("vocab_size", int(embd.shape[-1])))
+    scaling = None
+    kind = field(reader, f"{arch}.rope.scaling.type", path, required=False)
+    factor = field(reader, f"{arch}.rope.scaling.factor", path, required=False)
+    if kind == "linear" and factor and float(factor) != 1.0:
+        scaling = RopeScaling("linear", float(factor))
+    elif kind not in (None, "none", "linear"):
+        raise ModelLoadError(f"{path}: unsupported rope scaling {kind!r} (field {arch}.rope.scaling.type)")
+    window = field(reader, f"{arch}.attention.sliding_window", path, required=False)
+    try:
+        return ModelConfig(
+            arch=arch, vocab_size=vocab, hidden=hidden, intermediate=int(a("feed_forward_length")),
+            n_layers=int(a("block_count")), n_heads=n_heads, n_kv_heads=int(n_kv), head_dim=head_dim,
+            rope_theta=float(a("rope.freq_base", 10000.0)),
+            rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
+            max_position=int(a("context_length", 2048)),
+            attention_bias="blk.0.attn_q.bias" in names,
+            tie_embeddings="output.weight" not in names,
+            rope_scaling=scaling, sliding_window=int(window) if window else None,
+        )
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: inconsistent metadata: {e}") from e
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp: w.reshape(n_head, 2, dim, ...).swapaxes(1, 2); this is its inverse.
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+def _tensor(t, path: Path) -> np.ndarray:
+    qtype = GGMLQuantizationType(t.tensor_type)
+    if qtype not in SUPPORTED_QUANTS:
+        raise ModelLoadError(f"{path}: tensor {t.name!r} has unsupported type {qtype.name}")
+    shape = tuple(int(x) for x in reversed(t.shape))  # ggml ne -> numpy order
+    try:
+        if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            arr = np.asarray(t.data, dtype=np.float32)
+        else:
+            arr = dequantize(t.data, qtype)
+        return arr.reshape(shape)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: tensor {t.name!r} is unreadable ({type(e).__name__}: {e})") from e
+
+
+def load_gguf(path: Path, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, canonical name -> float32 tensor). Raises ModelLoadError naming file and tensor."""
+    path = Path(path)
+    reader = open_gguf(path)
+    cfg = read_config(reader, path)
+    names: dict[str, str] = {}
+    out: dict[str, torch.Tensor] = {}
+    tensors = reader.tensors
+    if progress:
+        from tqdm import tqdm
+        tensors = tqdm(tensors, desc=f"loading {path.name}")
+    for t in tensors:
+        key = _GLOBAL_NAMES.get(t.name)
+        if key is None and t.name.startswith("blk."):
+            _, idx, suffix = t.name.split(".", 2)
+            if suffix in _LAYER_NAMES and idx.isdigit():
+                key = f"layers.{idx}.{_LAYER_NAMES[suffix]}"
+        if key is None:
+            continue  # tensors the model does not use
+        names[key] = t.name
+        w = _tensor(t, path)
+        if cfg.arch == "llama" and key.endswith((".q", ".k")):
+            heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
+            if w.shape[0] % (2 * heads):
+                raise ModelLoadError(f"{path}: tensor {t.name!r} has {w.shape[0]} rows, not divisible into {heads} heads")
+            w = _unpermute(w, heads)
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        out[key] = torch.from_numpy(w if w.flags.writeable else w.copy())
+    for key in cfg.expected_shapes():
+        names.setdefault(key, gguf_name(key))
+    check_shapes(cfg, out, str(path), names)
+    return cfg, out

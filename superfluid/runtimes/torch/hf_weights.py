@@ -1,0 +1,101 @@
+"""Load a Hugging Face folder: config.json + *.safetensors -> (ModelConfig, fp32 tensors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ...models import ModelLoadError
+from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes
+
+_LAYER_NAMES = {  # HF suffix -> canonical suffix
+    "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "q", "self_attn.k_proj.weight": "k",
+    "self_attn.v_proj.weight": "v", "self_attn.q_proj.bias": "q_bias", "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias", "self_attn.o_proj.weight": "o", "post_attention_layernorm.weight": "ffn_norm",
+    "mlp.gate_proj.weight": "gate", "mlp.up_proj.weight": "up", "mlp.down_proj.weight": "down",
+}
+_GLOBAL_NAMES = {"model.embed_tokens.weight": "embed", "model.norm.weight": "norm", "lm_head.weight": "lm_head"}
+
+
+def hf_name(key: str) -> str:
+    if key.startswith("layers."):
+        _, idx, suffix = key.split(".", 2)
+        return f"model.layers.{idx}." + next(h for h, c in _LAYER_NAMES.items() if c == suffix)
+    return next(h for h, c in _GLOBAL_NAMES.items() if c == key)
+
+
+def _rope_scaling(c: dict, path: Path) -> tuple[float, RopeScaling | None]:
+    # transformers 5 writes rope_parameters; older configs rope_theta + rope_scaling.
+    params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    theta = float(params.get("rope_theta", c.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("default", None):
+        return theta, None
+    if kind == "linear":
+        return theta, RopeScaling("linear", float(params["factor"]))
+    if kind == "llama3":
+        return theta, RopeScaling("llama3", float(params["factor"]), float(params.get("low_freq_factor", 1.0)),
+                                  float(params.get("high_freq_factor", 4.0)),
+                                  int(params.get("original_max_position_embeddings", 8192)))
+    raise ModelLoadError(f"{path}: unsupported rope scaling {kind!r} (field rope_scaling)")
+
+
+def read_config(path: Path) -> ModelConfig:
+    file = path / "config.json"
+    try:
+        c = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{file}: unreadable ({e})") from e
+    arch = c.get("model_type")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{file}: unsupported architecture {arch!r} (field model_type); supported: {', '.join(ARCHITECTURES)}")
+    try:
+        n_heads = int(c["num_attention_heads"])
+        theta, scaling = _rope_scaling(c, file)
+        window = c.get("sliding_window") if (arch == "mistral" or c.get("use_sliding_window")) else None
+        return ModelConfig(
+            arch=arch, vocab_size=int(c["vocab_size"]), hidden=int(c["hidden_size"]),
+            intermediate=int(c["intermediate_size"]), n_layers=int(c["num_hidden_layers"]), n_heads=n_heads,
+            n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
+            head_dim=int(c.get("head_dim") or c["hidden_size"] // n_heads),
+            rope_theta=theta, rms_eps=float(c.get("rms_norm_eps", 1e-6)),
+            max_position=int(c.get("max_position_embeddings", 2048)),
+            attention_bias=bool(c.get("attention_bias", arch == "qwen2")),
+            tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+            rope_scaling=scaling, sliding_window=int(window) if window else None,
+        )
+    except KeyError as e:
+        raise ModelLoadError(f"{file}: missing field {e.args[0]!r}") from e
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"{file}: bad field value ({e})") from e
+
+
+def load_hf(path: Path, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    path = Path(path)
+    cfg = read_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{path}: no *.safetensors files")
+    out: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    key = _GLOBAL_NAMES.get(name)
+                    if key is None and name.startswith("model.layers."):
+                        idx, suffix = name[len("model.layers."):].split(".", 1)
+                        if suffix in _LAYER_NAMES and idx.isdigit():
+                            key = f"layers.{idx}.{_LAYER_NAMES[suffix]}"
+                    if key is not None:
+                        out[key] = f.get_tensor(name).float().contiguous()
+        except ModelLoadError:
+            raise
+        except Exception as e:  # truncated or corrupt safetensors
+            raise ModelLoadError(f"{file}: unreadable safetensors ({type(e).__name__}: {e})") from e
+    if cfg.tie_embeddings:
+        out.pop("lm_head", None)
+    check_shapes(cfg, out, str(path), {k: hf_name(k) for k in cfg.expected_shapes()})
+    return cfg, out
