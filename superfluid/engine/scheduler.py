@@ -113,6 +113,10 @@ class Scheduler:
         """Plan, run and apply one tick. ``on_token`` receives tokens as they are
         picked (PARTIAL_EMITS) for requests that do not want logprobs; the rest
         come back in the returned updates."""
+        if self.config.prefix_caching and self.waiting and any(r.retire_pending for r in self.running.values()):
+            # Publish finished lanes before leasing, so a request that shares their
+            # prefix (the next turn, a resent prompt) is seeded from them.
+            self._retire_now()
         limits = Limits()
         leases: dict[int, Seed | None] = {}  # one lease per request across re-plans
 
@@ -146,6 +150,21 @@ class Scheduler:
             else:
                 raise SchedulerError(f"the executor rejected plan {tick.plan.plan_seq}: {abi.Status(out.status).name}")
         raise SchedulerError(f"no plan fit after {self.config.max_replans} re-plans")
+
+    def _retire_now(self) -> None:
+        tick = self.planner.build(
+            SchedulerView(running=list(self.running.values()), waiting=[], orphan_retires=self._orphans, free_cells=None, draining=True),
+            Limits(),
+            lambda req: None,
+            self.rings.write_prompt,
+        )
+        # Only the retires: running lanes make no progress in this tick.
+        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], flags=0)
+        tick.prefills, tick.decodes = {}, {}
+        out = self.ex.run_tick(tick.plan)
+        if out.status != abi.Status.OK:
+            raise SchedulerError(f"the executor rejected a retire-only plan: {abi.Status(out.status).name}")
+        self.update(tick, out.events)
 
     def _view(self) -> SchedulerView:
         return SchedulerView(

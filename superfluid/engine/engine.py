@@ -1,0 +1,178 @@
+"""The synchronous engine: requests in, deltas out, one tick per ``step``.
+
+It owns the tokenizer side of things (validation against the vocabulary and the
+context, handles for logit bias and grammars, detokenization, stop strings) and
+drives the scheduler. Every method runs on one thread — the caller's for ``LLM``,
+the background loop's for ``AsyncEngine`` — because the executor is not
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .choice import ChoiceState
+from .config import EngineConfig
+from .outputs import Delta
+from .params import ParamError, SamplingParams
+from .request import FinishReason, Request, rng_base
+from .scheduler import Scheduler
+
+
+class Engine:
+    def __init__(self, executor, rings, tokenizer, config: EngineConfig = EngineConfig(), model_name: str = ""):
+        self.ex = executor
+        self.rings = rings
+        self.tokenizer = tokenizer
+        self.config = config
+        self.model_name = model_name or config.model or executor.desc.runtime_id
+        self.desc = executor.desc
+        self.scheduler = Scheduler(executor, rings, config.scheduler)
+        self._eos = frozenset(getattr(tokenizer, "eos_ids", ()) or ())
+        self._groups: dict[str, list[Request]] = {}
+        self._choices: dict[int, ChoiceState] = {}  # id(request) -> its text state
+        self._out: list[Delta] = []
+        self.on_delta: Callable[[Delta], None] | None = None  # set: deltas as they happen
+        self.on_first_token: Callable[[Request, float], None] | None = None  # TTFT hook
+
+    # ------------------------------------------------------------ facts
+    @property
+    def vocab_size(self) -> int:
+        return self.desc.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.desc.max_seq_len
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ------------------------------------------------------------ requests
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Everything that can be checked without the executor; raises ParamError."""
+        if not prompt_token_ids:
+            raise ParamError("the prompt is empty", "prompt")
+        bad = [t for t in prompt_token_ids if not 0 <= int(t) < self.vocab_size]
+        if bad:
+            raise ParamError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
+        if len(prompt_token_ids) >= self.max_seq_len:
+            raise ParamError(
+                f"this model's maximum context length is {self.max_seq_len} tokens, "
+                f"but the prompt has {len(prompt_token_ids)} tokens",
+                "prompt",
+            )
+        params.validate(self.vocab_size, self.config.max_n)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
+        """Validate, take handles, queue one request per choice. Raises ParamError."""
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is in use")
+        self.validate(prompt_token_ids, params)
+        room = self.max_seq_len - len(prompt_token_ids)
+        max_new = room if params.max_tokens is None else min(params.max_tokens, room)
+        reqs: list[Request] = []
+        try:
+            for i in range(params.n):
+                req = Request(
+                    request_id=f"{request_id}-{i}",
+                    prompt_token_ids=list(map(int, prompt_token_ids)),
+                    params=params,
+                    max_new_tokens=max_new,
+                    index=i,
+                    group_id=request_id,
+                    rng_base=rng_base(params.seed, i),
+                )
+                reqs.append(req)
+                if params.logit_bias:
+                    req.logit_bias_handle = self.ex.register_logit_bias(
+                        {int(k): float(v) for k, v in params.logit_bias.items()}
+                    )
+                if params.grammar is not None:
+                    # One handle per choice: a plan may name a grammar handle once.
+                    req.grammar_handle = self._compile(params.grammar.kind, params.grammar.source)
+        except BaseException:
+            for req in reqs:
+                self.scheduler._release_handles(req)
+            raise
+        self._groups[request_id] = reqs
+        for req in reqs:
+            self._choices[id(req)] = ChoiceState(req, self.tokenizer, self._eos)
+            self.scheduler.add(req)
+        return reqs
+
+    def _compile(self, kind: str, source: str) -> int:
+        try:
+            return self.ex.compile_grammar(kind, source)
+        except ValueError as e:  # GrammarError is a ValueError
+            raise ParamError(f"invalid {kind.replace('_', ' ')}: {e}", "response_format") from e
+
+    def abort(self, request_id: str) -> None:
+        for req in self._groups.get(request_id, []):
+            if not req.is_finished:
+                self.scheduler.abort(req)
+                self._finalize(req)
+
+    # ------------------------------------------------------------ stepping
+    def step(self) -> list[Delta]:
+        """One tick; returns the deltas it produced (also handed to on_delta)."""
+        self._out = []
+        on_token = self._on_token if self.on_delta is not None else None
+        try:
+            updates = self.scheduler.step(on_token)
+        except Exception as e:
+            self._fail_all(f"engine error: {e}")
+            raise
+        for u in updates:
+            req = u.request
+            state = self._choices.get(id(req))
+            if state is None:
+                continue
+            for i, token in enumerate(u.new_token_ids):
+                lp = u.new_logprobs[i] if i < len(u.new_logprobs) else None
+                self._process(req, state, token, lp)
+            if req.is_finished:
+                self._finalize(req)
+        return self._out
+
+    def _on_token(self, req: Request, token: int) -> None:
+        state = self._choices.get(id(req))
+        if state is not None:
+            self._process(req, state, token, None)
+            if req.is_finished:
+                self._finalize(req)
+
+    def _process(self, req: Request, state: ChoiceState, token: int, lp) -> None:
+        if state.n_processed == 0 and req.first_token_time is None:
+            req.first_token_time = time.monotonic()
+            if self.on_first_token is not None:
+                self.on_first_token(req, req.first_token_time - req.arrival)
+        delta = state.process(token, lp)
+        if delta is None:
+            return
+        if state.stop.stopped is not None and not req.is_finished:
+            self.scheduler.finish(req, FinishReason.STOP)
+        self._emit(delta)
+
+    def _finalize(self, req: Request) -> None:
+        state = self._choices.get(id(req))
+        if state is None or state.done:
+            return
+        self._emit(state.finalize())
+        del self._choices[id(req)]
+        group = self._groups.get(req.group_id, [])
+        if all(r.is_finished for r in group):
+            self._groups.pop(req.group_id, None)
+
+    def _emit(self, delta: Delta) -> None:
+        self._out.append(delta)
+        if self.on_delta is not None:
+            self.on_delta(delta)
+
+    def _fail_all(self, message: str) -> None:
+        for reqs in list(self._groups.values()):
+            for req in reqs:
+                if not req.is_finished:
+                    self.scheduler.finish(req, FinishReason.ERROR, message)
+                    self._finalize(req)
+

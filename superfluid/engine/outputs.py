@@ -1,0 +1,73 @@
+"""What a generation hands back, in the shape users know from vLLM.
+
+``RequestOutput.outputs[j]`` is choice j: ``text``, ``token_ids``,
+``finish_reason``, ``logprobs`` (one dict per token: id -> Logprob, the chosen
+token first, then the top ones by rank). ``Delta`` is the streaming unit: what
+one choice gained since the last delta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Logprob:
+    logprob: float
+    rank: int | None = None  # 1: the most likely; None: the chosen token outside the top
+    decoded_token: str | None = None
+
+
+TokenLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that matched
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache covered
+
+    @property
+    def usage(self) -> dict:
+        completion = sum(len(o.token_ids) for o in self.outputs)
+        return {
+            "prompt_tokens": len(self.prompt_token_ids),
+            "completion_tokens": completion,
+            "total_tokens": len(self.prompt_token_ids) + completion,
+            "cached_tokens": self.num_cached_tokens,
+        }
+
+
+@dataclass
+class Delta:
+    """What choice ``index`` of group ``request_id`` gained; the last one has a finish_reason."""
+
+    request_id: str
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    # Usage figures, set on a choice's last delta.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
