@@ -1,0 +1,130 @@
+"""Attention over the paged KV pool for one packed step.
+
+A step packs every feed's new tokens into T rows. ``StepMeta`` says where each feed's
+rows are, where its new K/V cells go (slots) and which cells hold all of its keys.
+
+Two kernels:
+- ``attend`` (fast): 1-token feeds (decodes) run as one padded batch [B, H, 1, L] with
+  a mask; each longer feed (a prefill chunk) runs its own SDPA over its keys with a
+  causal mask offset by what the sequence already held.
+- ``attend_fixed`` (batch-invariant): online softmax over fixed blocks of KEY_BLOCK keys
+  at fixed absolute positions, with elementwise products and reductions over fixed-size
+  dims only, so a query row's result depends on its own keys and nothing else — not on
+  B, on how many queries share the step, nor on how the prompt was chunked. Blocks past a
+  query's position are fully masked and leave its running (max, sum, acc) bit-identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+KEY_BLOCK = 64
+
+
+@dataclass
+class StepMeta:
+    q_lens: list[int]  # new tokens of each feed; rows of feed i are [offsets[i], offsets[i] + q_lens[i])
+    offsets: list[int]
+    starts: list[int]  # tokens each feed's sequence held before this step
+    slots: torch.Tensor  # [T] int64: cell of each new token
+    key_slots: list[torch.Tensor]  # per feed [starts[i] + q_lens[i]] int64: cells of all its keys
+    positions: torch.Tensor  # [T] int64: position of each new token
+    # Padded views of all feeds (built once per step, used by the batched paths):
+    gather: torch.Tensor | None = None  # [B, L] int64 key cells (padding points at cell 0)
+    key_valid: torch.Tensor | None = None  # [B, L] bool
+
+    @property
+    def decode_only(self) -> bool:
+        return all(n == 1 for n in self.q_lens)
+
+
+def build_meta(q_lens, starts, slots, key_slots, device, pad_keys_to: int = 1) -> StepMeta:
+    offsets, o = [], 0
+    for n in q_lens:
+        offsets.append(o)
+        o += n
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, q_lens)])
+    L = max(len(k) for k in key_slots)
+    L = -(-L // pad_keys_to) * pad_keys_to
+    gather = torch.zeros(len(q_lens), L, dtype=torch.int64)
+    valid = torch.zeros(len(q_lens), L, dtype=torch.bool)
+    for i, ks in enumerate(key_slots):
+        gather[i, : len(ks)] = ks
+        valid[i, : len(ks)] = True
+    return StepMeta(list(q_lens), offsets, list(starts), slots.to(device), [k.to(device) for k in key_slots],
+                    positions.to(device), gather.to(device), valid.to(device))
+
+
+def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid) -> torch.Tensor:
+    # q: [B, H, d] one query per sequence; kc, vc: [S, Hkv, d]; gather/valid: [B, L]
+    k = kc[gather].transpose(1, 2)  # [B, Hkv, L, d]
+    v = vc[gather].transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], enable_gqa=True)
+    return out.squeeze(2)  # [B, H, d]
+
+
+def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+    """q: [T, H, d] (RoPE applied); kc, vc: [S, Hkv, d] with this step's K/V written. -> [T, H, d]"""
+    if meta.decode_only:
+        return _decodes(q, kc, vc, meta.gather, meta.key_valid)
+    out = torch.empty_like(q)
+    dec = [i for i, n in enumerate(meta.q_lens) if n == 1]
+    if dec:
+        rows = torch.tensor([meta.offsets[i] for i in dec], device=q.device)
+        idx = torch.tensor(dec, device=q.device)
+        out[rows] = _decodes(q[rows], kc, vc, meta.gather[idx], meta.key_valid[idx])
+    for i, n in enumerate(meta.q_lens):
+        if n == 1:
+            continue
+        o, start, ks = meta.offsets[i], meta.starts[i], meta.key_slots[i]
+        qi = q[o: o + n].transpose(0, 1)  # [H, n, d]
+        ki, vi = kc[ks].transpose(0, 1), vc[ks].transpose(0, 1)  # [Hkv, start + n, d]
+        if start == 0:
+            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+        else:  # query j sits at position start + j and sees keys 0..start + j
+            qpos = torch.arange(start, start + n, device=q.device)
+            mask = torch.arange(start + n, device=q.device)[None, :] <= qpos[:, None]
+            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+        out[o: o + n] = oi.transpose(0, 1)
+    return out
+
+
+def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+    """Batch-invariant attention (see module doc). q: [T, H, d] -> [T, H, d] in float32."""
+    T, H, d = q.shape
+    B, nq = len(meta.q_lens), max(meta.q_lens)
+    group = H // kc.shape[1]
+    # Pad queries per feed: Q [B, nq, H, d], qpos [B, nq]; padding rows get position -1 (masked,
+    # but key 0 is always visible to real rows, so real rows never see an all-masked block 0).
+    rows = torch.full((B, nq), T, dtype=torch.int64, device=q.device)
+    for i, (o, n) in enumerate(zip(meta.offsets, meta.q_lens)):
+        rows[i, :n] = torch.arange(o, o + n, device=q.device)
+    qf = torch.cat([q.float(), q.new_zeros(1, H, d, dtype=torch.float32)])[rows] * (d ** -0.5)
+    qpos = torch.cat([meta.positions, meta.positions.new_full((1,), 0)])[rows]  # [B, nq]
+    m = torch.full((B, nq, H), float("-inf"), device=q.device)
+    l = torch.zeros(B, nq, H, device=q.device)
+    acc = torch.zeros(B, nq, H, d, device=q.device)
+    L = meta.gather.shape[1]
+    for j in range(0, L, KEY_BLOCK):
+        cells = meta.gather[:, j: j + KEY_BLOCK]  # [B, KB] (L is padded to KEY_BLOCK)
+        kb = kc[cells].float().repeat_interleave(group, dim=2)  # [B, KB, H, d]
+        vb = vc[cells].float().repeat_interleave(group, dim=2)
+        s = (qf[:, :, None] * kb[:, None]).sum(-1)  # [B, nq, KB, H]
+        kpos = torch.arange(j, j + KEY_BLOCK, device=q.device)
+        visible = (kpos[None, None, :] <= qpos[:, :, None]) & meta.key_valid[:, None, j: j + KEY_BLOCK]
+        s = s.masked_fill(~visible[..., None], float("-inf"))
+        m_new = torch.maximum(m, s.amax(2))  # [B, nq, H]
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp(m - safe)
+        p = torch.exp(s - safe[:, :, None])  # [B, nq, KB, H]
+        l = l * alpha + p.sum(2)
+        acc = acc * alpha[..., None] + (p[..., None] * vb[:, None]).sum(2)
+        m = m_new
+    out = acc / l.clamp_min(1e-30)[..., None]  # [B, nq, H, d]
+    res = torch.empty(T, H, d, dtype=torch.float32, device=q.device)
+    for i, (o, n) in enumerate(zip(meta.offsets, meta.q_lens)):
+        res[o: o + n] = out[i, :n]
+    return res.to(q.dtype)

@@ -1,0 +1,114 @@
+"""The Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) over packed tokens.
+
+One ``forward`` runs every feed of a step: x is [T, D] for T packed tokens of any number
+of sequences; attention finds each token's keys through the StepMeta. Weights are fused
+once at load: wqkv [(H + 2 Hkv) d, D] and wgu [2 F, D], so a layer is four matmuls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .attention import StepMeta, attend, attend_fixed
+from .config import ModelConfig
+
+ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor  # [D]
+    wqkv: torch.Tensor  # [(H + 2 Hkv) d, D]
+    bqkv: torch.Tensor | None  # [(H + 2 Hkv) d]
+    wo: torch.Tensor  # [D, H d]
+    ffn_norm: torch.Tensor  # [D]
+    wgu: torch.Tensor  # [2 F, D]: gate rows then up rows
+    wdown: torch.Tensor  # [D, F]
+
+
+def linear_fixed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T in fixed [ROW_BLOCK, K] blocks, so a row's result never depends on the others:
+    BLAS picks kernels (and reduction orders) by the shape, and here the shape never changes."""
+    T = x.shape[0]
+    pad = -T % ROW_BLOCK
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    out = torch.cat([F.linear(blk, w) for blk in x.split(ROW_BLOCK)])[:T]
+    return out + b if b is not None else out
+
+
+class Llama:
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: torch.device, deterministic: bool = False):
+        self.cfg, self.dtype, self.device = cfg, dtype, device
+        put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+        self.embed = put(tensors["embed"])  # [V, D]
+        self.norm = put(tensors["norm"])
+        self.lm_head = self.embed if cfg.tie_embeddings else put(tensors["lm_head"])  # [V, D]
+        self.layers: list[Layer] = []
+        for i in range(cfg.n_layers):
+            p = f"layers.{i}."
+            t = lambda name: tensors[p + name]  # noqa: E731
+            bias = torch.cat([t("q_bias"), t("k_bias"), t("v_bias")]) if cfg.attention_bias else None
+            self.layers.append(Layer(
+                attn_norm=put(t("attn_norm")), wqkv=put(torch.cat([t("q"), t("k"), t("v")])),
+                bqkv=put(bias) if bias is not None else None, wo=put(t("o")), ffn_norm=put(t("ffn_norm")),
+                wgu=put(torch.cat([t("gate"), t("up")])), wdown=put(t("down")),
+            ))
+        inv = cfg.inv_freq(tensors.get("rope_freqs"))
+        # RoPE tables [max_position, d] in float32, as transformers computes them (one product each).
+        pos = torch.arange(cfg.max_position, dtype=torch.float32)
+        freqs = pos[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+        self.deterministic = deterministic
+        self.linear = linear_fixed if deterministic else F.linear
+        self.attend = attend_fixed if deterministic else attend
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # As transformers: the statistics in float32, scaled by the weight in the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)
+        return w * xf.to(x.dtype)
+
+    @staticmethod
+    def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, heads, d]; cos, sin: [T, 1, d]; rotate-half convention.
+        half = x.shape[-1] // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rot * sin
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
+        """tokens: [T] int64. kv_k, kv_v: [n_layers, S, Hkv, d] (this step's cells get written).
+        Returns the final-normed hidden states [T, D]."""
+        cfg, lin = self.cfg, self.linear
+        T = tokens.shape[0]
+        H, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        x = self.embed[tokens]  # [T, D]
+        cos, sin = self.cos[meta.positions][:, None], self.sin[meta.positions][:, None]  # [T, 1, d]
+        for li, L in enumerate(self.layers):
+            h = self.rms_norm(x, L.attn_norm)
+            qkv = lin(h, L.wqkv, L.bqkv) if self.deterministic else F.linear(h, L.wqkv, L.bqkv)
+            q = qkv[:, : H * d].view(T, H, d)
+            k = qkv[:, H * d: (H + Hkv) * d].view(T, Hkv, d)
+            v = qkv[:, (H + Hkv) * d:].view(T, Hkv, d)
+            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+            kc, vc = kv_k[li], kv_v[li]  # [S, Hkv, d]
+            kc[meta.slots] = k
+            vc[meta.slots] = v
+            a = self.attend(q, kc, vc, meta)  # [T, H, d]
+            x = x + lin(a.reshape(T, H * d), L.wo)
+            h = self.rms_norm(x, L.ffn_norm)
+            gu = lin(h, L.wgu)  # [T, 2F]
+            g, u = gu.chunk(2, dim=-1)
+            x = x + lin(F.silu(g) * u, L.wdown)
+        return self.rms_norm(x, self.norm)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [R, D] -> [R, V] float32."""
+        return self.linear(hidden, self.lm_head).float()

@@ -1,0 +1,243 @@
+"""Tokenizer: text <-> token ids, built with the ``tokenizers`` library from a GGUF file's
+metadata (vocabulary, merges, token types, chat template) or a Hugging Face folder
+(tokenizer.json + tokenizer_config.json).
+
+Also what the engine needs around it: each token's raw bytes (incremental detokenizing,
+grammars), EOS / special ids, and the chat template rendered in a jinja2 sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
+
+from .models import ModelLoadError
+from .runtimes.base import Vocabulary
+
+# GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+CONTROL, USER_DEFINED, BYTE = 3, 4, 6
+
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# tokenizer.ggml.pre -> the splits llama.cpp applies before BPE, in order.
+PRE_SPLITS: dict[str, list[str]] = {
+    "default": [_GPT2], "gpt2": [_GPT2],
+    "llama3": [_LLAMA3], "llama-v3": [_LLAMA3], "llama-bpe": [_LLAMA3], "smaug-bpe": [_LLAMA3], "dbrx": [_LLAMA3],
+    "qwen2": [_QWEN2], "deepseek-r1-qwen": [_QWEN2],
+    # digits one by one, then the GPT-2 split (SmolLM / StarCoder vocabularies)
+    "smollm": [r"\p{N}", _GPT2], "starcoder": [r"\p{N}", _GPT2], "refact": [r"\p{N}", _GPT2],
+}
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable alphabet: character -> the byte it stands for."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """Merges implied by a sentencepiece vocabulary: each token split into two known pieces,
+    ordered by the token's score (best first), then by the pieces' ids."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for tok, score in zip(tokens, scores):
+        for cut in range(1, len(tok)):
+            a, b = tok[:cut], tok[cut:]
+            if a in ids and b in ids:
+                merges.append((-score, ids[a], ids[b], a, b))
+    merges.sort()
+    return [(a, b) for *_, a, b in merges]
+
+
+class Tokenizer:
+    def __init__(self, backend: HFTokenizer, *, eos_ids: list[int], bos_id: int | None, special_ids: set[int],
+                 chat_template: str | None, byte_level: bool, add_bos: bool = False,
+                 bos_token: str = "", eos_token: str = ""):
+        self.backend = backend
+        self.eos_ids = list(eos_ids)
+        self.bos_id = bos_id
+        self.special_ids = frozenset(special_ids)
+        self.chat_template = chat_template
+        self.byte_level = byte_level
+        self.add_bos = add_bos
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._bytes: list[bytes] | None = None
+
+    # ---------------------------------------------------------------- builders
+
+    @classmethod
+    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+        from gguf import GGUFReader
+
+        path = Path(path)
+        try:
+            reader = GGUFReader(path)
+        except Exception as e:
+            raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+
+        def get(key, default=None):
+            f = reader.fields.get(f"tokenizer.{key}")
+            return default if f is None else f.contents()
+
+        kind, tokens = get("ggml.model"), get("ggml.tokens")
+        if tokens is None:
+            raise ModelLoadError(f"{path}: missing metadata field 'tokenizer.ggml.tokens'")
+        types = get("ggml.token_type") or [1] * len(tokens)
+        merges = get("ggml.merges")
+        if kind == "gpt2":
+            if merges is None:
+                raise ModelLoadError(f"{path}: missing metadata field 'tokenizer.ggml.merges'")
+            vocab = {t: i for i, t in enumerate(tokens)}
+            backend = HFTokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
+                                             fuse_unk=False, byte_fallback=False))
+            pre = get("ggml.pre", "default")
+            splits = PRE_SPLITS.get(pre, [_GPT2])
+            backend.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            backend.decoder = decoders.ByteLevel()
+            byte_level = True
+        elif kind == "llama":
+            scores = get("ggml.scores") or [0.0] * len(tokens)
+            pairs = [tuple(m.split(" ", 1)) for m in merges] if merges else _spm_merges(tokens, scores)
+            unk = get("ggml.unknown_token_id", 0)
+            backend = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
+                                             unk_token=tokens[unk], fuse_unk=True, byte_fallback=True))
+            steps = [normalizers.Replace(" ", "▁")]
+            if get("ggml.add_space_prefix", True):
+                steps.insert(0, normalizers.Prepend("▁"))
+            backend.normalizer = normalizers.Sequence(steps)
+            backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                                + ([decoders.Strip(" ", 1, 0)] if get("ggml.add_space_prefix", True) else []))
+            byte_level = False
+        else:
+            raise ModelLoadError(f"{path}: unsupported tokenizer model {kind!r} (field tokenizer.ggml.model)")
+        alphabet = set(_byte_decoder()) if byte_level else None
+        specials = [i for i, ty in enumerate(types) if ty == CONTROL and (alphabet is None or set(tokens[i]) <= alphabet)]
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in specials])
+        user = [AddedToken(tokens[i], special=False, normalized=False) for i, ty in enumerate(types) if ty == USER_DEFINED]
+        if user:
+            backend.add_tokens(user)
+        eos = [get(k) for k in ("ggml.eos_token_id", "ggml.eot_token_id", "ggml.eom_token_id")]
+        eos = list(dict.fromkeys(int(e) for e in eos if e is not None))
+        bos = get("ggml.bos_token_id")
+        return cls(backend, eos_ids=eos, bos_id=bos, special_ids=set(specials), chat_template=get("chat_template"),
+                   byte_level=byte_level, add_bos=bool(get("ggml.add_bos_token", kind == "llama")),
+                   bos_token=tokens[bos] if bos is not None else "", eos_token=tokens[eos[0]] if eos else "")
+
+    @classmethod
+    def from_hf(cls, folder: str | Path) -> "Tokenizer":
+        folder = Path(folder)
+        file = folder / "tokenizer.json"
+        try:
+            backend = HFTokenizer.from_file(str(file))
+        except Exception as e:
+            raise ModelLoadError(f"{file}: unreadable tokenizer ({e})") from e
+        conf = _read_json(folder / "tokenizer_config.json")
+        gen = _read_json(folder / "generation_config.json")
+
+        def tok_text(v):
+            return v.get("content") if isinstance(v, dict) else v
+
+        eos_tok, bos_tok = tok_text(conf.get("eos_token")), tok_text(conf.get("bos_token"))
+        eos = gen.get("eos_token_id")
+        eos = list(eos) if isinstance(eos, list) else ([eos] if eos is not None else [])
+        if eos_tok and backend.token_to_id(eos_tok) is not None:
+            eos.append(backend.token_to_id(eos_tok))
+        added = json.loads(backend.to_str()).get("added_tokens", [])
+        model = json.loads(backend.to_str()).get("model", {})
+        template = conf.get("chat_template")
+        if template is None and (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        return cls(backend, eos_ids=list(dict.fromkeys(eos)),
+                   bos_id=backend.token_to_id(bos_tok) if bos_tok else None,
+                   special_ids={a["id"] for a in added if a.get("special")}, chat_template=template,
+                   byte_level=not model.get("byte_fallback", False), add_bos=bool(conf.get("add_bos_token", False)),
+                   bos_token=bos_tok or "", eos_token=eos_tok or "")
+
+    # ------------------------------------------------------------------- text
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if self._bytes is None:
+            self._bytes = self._all_bytes()
+        return self._bytes[token_id]
+
+    def _all_bytes(self) -> list[bytes]:
+        table = _byte_decoder()
+        out = []
+        for i in range(self.vocab_size):
+            piece = self.backend.id_to_token(i)
+            if piece is None:
+                out.append(b"")
+            elif i in self.special_ids:
+                out.append(piece.encode("utf-8"))
+            elif self.byte_level:
+                out.append(bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode())
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out.append(bytes([int(piece[3:5], 16)]))
+            else:
+                out.append(piece.replace("▁", " ").encode("utf-8"))
+        return out
+
+    def vocabulary(self) -> Vocabulary:
+        tokens = [self.token_bytes(i) for i in range(self.vocab_size)]
+        specials = sorted((self.backend.id_to_token(i), i) for i in self.special_ids)
+        return Vocabulary(tokens=tokens, eos=list(self.eos_ids), specials=specials)
+
+    # ------------------------------------------------------------ chat template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template")
+        return _compile(self.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: unreadable ({e})") from e
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str):
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda v, indent=None, **kw: json.dumps(v, indent=indent, ensure_ascii=False)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
