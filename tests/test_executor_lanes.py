@@ -305,3 +305,40 @@ def test_failed_import_prefills_afresh():
     d.run()
     assert run.out == reference(SamplingParams(), Sampling.GREEDY, prompt_of(40), n=6)
     assert not ex.cache.entries  # the entry whose state was lost is gone
+
+
+def test_full_emit_ring_faults_the_lane_with_ref_span_oob():
+    from superfluid.rings import Rings
+
+    rt = ToyRuntime()
+    ex = Executor(rt, Rings(rt.desc.vocab_size, token_capacity=12))
+    d = Driver(ex)
+    a = d.add(LaneRun(1, prompt_of(6), 20, rounds=8))
+    b = d.add(LaneRun(2, prompt_of(6, 1), 20, rounds=8))
+    d.tick()
+    assert a.fault == 0 and b.fault == FaultCode.REF_SPAN_OOB  # 8 + 8 tokens into a 12-token ring
+
+
+class SlowVerify(ToyRuntime):
+    """Verification costs far more than a plain step: drafting cannot pay."""
+
+    def step_rows(self, feeds):
+        import time
+
+        time.sleep(0.02)
+        return super().step_rows(feeds)
+
+
+def test_spec_gate_turns_drafting_off_when_it_does_not_pay():
+    from superfluid.executor import SpecConfig
+
+    ex = Executor(SlowVerify())
+    slot = ex.load_strategy(SpecConfig(max_depth=4, gate_samples=2, gate_refresh=10_000))
+    d = Driver(ex)
+    prompt = (prompt_of(10) * 6)[:55]
+    run = d.add(LaneRun(1, prompt, 120, rounds=4, strategy_slot=slot))
+    d.run()
+    drafted = [sum(e.spec.proposed for e in ev.emits) > 0 for ev in d.events]
+    assert any(drafted[:6])  # measured on at first
+    assert not any(drafted[-10:])  # then the gate keeps it off
+    assert run.out == reference(SamplingParams(), Sampling.GREEDY, prompt, n=120)
