@@ -26,7 +26,7 @@ import msgspec
 
 from .. import abi
 from .config import SchedulerConfig
-from .planner import Limits, Planner, ScheduledTick, SchedulerView, Seed
+from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
 from .request import FinishReason, Request, Status
 
 
@@ -178,9 +178,12 @@ class Scheduler:
     def _partial_callback(self, tick: ScheduledTick, on_token: TokenCallback, streamed: dict[int, int]):
         by_tag = {a.lane_tag: a.request for a in tick.admissions}
         by_tag.update(self.running)
+        admitted = {a.lane_tag: a for a in tick.admissions}
 
         def cb(lane_tag: int, token: int) -> None:
             req = by_tag.get(lane_tag)
+            if lane_tag in admitted:  # usage may go out with this very token
+                self._count_admission(admitted[lane_tag])
             # Requests that want logprobs wait for the tick's end, where logprobs come.
             if req is None or req.is_finished or req.params.logprobs is not None:
                 return
@@ -202,20 +205,24 @@ class Scheduler:
 
         for adm in tick.admissions:
             req = adm.request
-            self.waiting.remove(req)
-            req.status = Status.RUNNING
+            self._count_admission(adm)
+            self.stats.prefix_hit_tokens += adm.seed.prefix_len if adm.seed else 0
+            if req in self.waiting:
+                self.waiting.remove(req)
             req.lane_tag = adm.lane_tag
+            if req.is_finished:
+                # It finished within this very tick (a partial emit hit max_tokens or a
+                # stop string before the admission was applied): its lane still retires.
+                req.retire_pending = True
+                self.running[adm.lane_tag] = req
+                continue
+            req.status = Status.RUNNING
             req.prefilled = adm.seed.prefix_len if adm.seed else 0
             req.prefill_end = adm.prefill_end
             req.replay = adm.replay
             req.replay_pending = adm.replay > 0
             req.lane_finished = False
             req.retire_pending = False
-            if not req.admitted_once:
-                req.admitted_once = True
-                req.cached_tokens = min(req.prefilled, len(req.prompt_token_ids))
-                self.stats.prompt_tokens += len(req.prompt_token_ids)
-            self.stats.prefix_hit_tokens += req.prefilled
             self.running[adm.lane_tag] = req
 
         dropped: dict[int, int] = {}
@@ -278,6 +285,13 @@ class Scheduler:
 
         self._note_memory(events.mem)
         return list(updates.values())
+
+    def _count_admission(self, adm: Admission) -> None:
+        req = adm.request
+        if not req.admitted_once:
+            req.admitted_once = True
+            req.cached_tokens = min(adm.seed.prefix_len if adm.seed else 0, len(req.prompt_token_ids))
+            self.stats.prompt_tokens += len(req.prompt_token_ids)
 
     def _accept(self, req: Request, token: int) -> bool:
         """Append one generated token; False once the request is finished by it."""

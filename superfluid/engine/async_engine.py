@@ -1,0 +1,239 @@
+"""The engine behind the server: a background thread runs ticks; asyncio awaits them.
+
+Invariants:
+- Only the loop thread touches the engine (and so the executor). Other threads talk
+  to it through ``_inbox`` (adds, aborts) and the rings' yield flag, which they
+  raise so that a running tick ends at its next step boundary and the new request
+  is admitted without waiting out a long tick.
+- A request's deltas reach its asyncio queue in the order they were produced
+  (``call_soon_threadsafe`` is FIFO per loop).
+- A consumer that goes away (client disconnect, cancelled task) aborts its request;
+  the lane retires at the next tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Protocol
+
+from .engine import Engine
+from .outputs import Delta
+from .params import SamplingParams
+
+log = logging.getLogger("superfluid.engine")
+
+
+class QueueFull(Exception):
+    """More requests wait than ``max_queued`` allows."""
+
+
+class EngineDead(Exception):
+    """The loop thread stopped; no request can be served."""
+
+
+class Observer(Protocol):
+    """What the metrics side hears (every call from the loop thread)."""
+
+    def first_token(self, seconds: float) -> None: ...
+
+    def inter_token(self, seconds: float) -> None: ...
+
+    def finished(self, delta: Delta, seconds: float) -> None: ...
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    admitted: asyncio.Future
+    n: int
+    submitted: float = field(default_factory=time.monotonic)
+    finished: int = 0
+    last_token: float | None = None
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, max_queued: int = 256, observer: Observer | None = None):
+        self.engine = engine
+        self.max_queued = max_queued
+        self.observer = observer
+        self.pid = os.getpid()  # the process that runs the model
+        self._inbox: collections.deque = collections.deque()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # loop thread only
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        engine.on_delta = self._deliver
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> "AsyncEngine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="superfluid-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self.engine.rings.request_yield(True)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
+
+    @property
+    def num_queued(self) -> int:
+        """Requests not yet running: in the inbox or the scheduler's queue."""
+        adds = sum(1 for item in list(self._inbox) if item[0] == "add")
+        return adds + self.engine.scheduler.num_waiting
+
+    # ------------------------------------------------------------ requests
+    async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> "RequestStream":
+        """Queue a request and wait until the engine took it. Raises ParamError (bad
+        input, e.g. an invalid grammar), QueueFull or EngineDead."""
+        if not self.alive:
+            raise EngineDead("the engine is not running")
+        if self.num_queued >= self.max_queued:
+            raise QueueFull(f"{self.num_queued} requests are waiting (--max-queued-requests {self.max_queued})")
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue(), loop.create_future(), params.n)
+        self._inbox.append(("add", request_id, prompt_token_ids, params, stream))
+        self._wake.set()
+        self.engine.rings.request_yield(True)
+        try:
+            await stream.admitted
+        except asyncio.CancelledError:
+            self.abort(request_id)
+            raise
+        return RequestStream(self, request_id, stream)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> AsyncIterator[Delta]:
+        """Deltas of every choice of one request, until all finished."""
+        rs = await self.submit(request_id, prompt_token_ids, params)
+        async for delta in rs:
+            yield delta
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.append(("abort", request_id))
+        self._wake.set()
+
+    # ------------------------------------------------------------ the loop thread
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._wake.clear()
+                self.engine.rings.request_yield(False)
+                self._drain_inbox()
+                if not self.engine.has_work():
+                    self._wake.wait(0.1)
+                    continue
+                try:
+                    self.engine.step()
+                except Exception as e:  # the engine failed every request it held
+                    log.exception("engine step failed: %s", e)
+        except BaseException as e:
+            self.error = e
+            log.exception("the engine loop died")
+        finally:
+            for rid in list(self._streams):
+                self.engine.abort(rid)
+            self._fail_inbox(EngineDead("the engine stopped"))
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "abort":
+                if item[1] in self._streams:
+                    self.engine.abort(item[1])
+                    self._streams.pop(item[1], None)
+                continue
+            _, rid, ids, params, stream = item
+            try:
+                self.engine.add_request(rid, ids, params)
+            except Exception as e:
+                _settle(stream, error=e)
+                continue
+            self._streams[rid] = stream
+            _settle(stream)
+
+    def _fail_inbox(self, error: Exception) -> None:
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "add":
+                _settle(item[4], error=error)
+
+    def _deliver(self, delta: Delta) -> None:
+        stream = self._streams.get(delta.request_id)
+        if stream is None:
+            return
+        now = time.monotonic()
+        if delta.token_ids and self.observer is not None:
+            if stream.last_token is None:
+                self.observer.first_token(now - stream.submitted)
+            else:
+                self.observer.inter_token(now - stream.last_token)
+        if delta.token_ids:
+            stream.last_token = now
+        if delta.finish_reason is not None:
+            stream.finished += 1
+            if self.observer is not None:
+                self.observer.finished(delta, now - stream.submitted)
+            if stream.finished >= stream.n:
+                self._streams.pop(delta.request_id, None)
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
+        except RuntimeError:  # the event loop is closed: nobody listens any more
+            self._streams.pop(delta.request_id, None)
+
+
+def _settle(stream: _Stream, error: Exception | None = None) -> None:
+    def settle() -> None:
+        if stream.admitted.done():
+            return
+        if error is None:
+            stream.admitted.set_result(None)
+        else:
+            stream.admitted.set_exception(error)
+
+    try:
+        stream.loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass
+
+
+class RequestStream:
+    """The deltas of one admitted request. Leaving the iteration early (a client
+    that went away, a cancelled task) aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, stream: _Stream):
+        self.engine = engine
+        self.request_id = request_id
+        self._stream = stream
+        self.done = False
+
+    def abort(self) -> None:
+        if not self.done:
+            self.done = True
+            self.engine.abort(self.request_id)
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        finished = 0
+        try:
+            while finished < self._stream.n:
+                delta: Delta = await self._stream.queue.get()
+                if delta.finish_reason is not None:
+                    finished += 1
+                yield delta
+            self.done = True
+        finally:
+            self.abort()

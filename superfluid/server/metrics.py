@@ -1,0 +1,84 @@
+"""Prometheus metrics: a registry per app (tests build many apps in one process).
+
+Latencies are observed on the engine's loop thread as tokens are produced
+(``AsyncEngine``'s observer); queue, running, KV and cache figures are read from
+the scheduler when Prometheus scrapes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..engine.outputs import Delta
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+_ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+_E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0)
+
+
+class Metrics:
+    def __init__(self, scheduler=None, model_name: str = ""):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("superfluid_requests", "Finished requests (choices)", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("superfluid_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("superfluid_generation_tokens", "Generated tokens of finished requests", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "superfluid_cached_prompt_tokens", "Prompt tokens served from the prefix cache", registry=r
+        )
+        self.ttft = Histogram(
+            "superfluid_time_to_first_token_seconds", "Time to first token", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "superfluid_inter_token_latency_seconds", "Time between two tokens of a request", buckets=_ITL_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            "superfluid_e2e_request_latency_seconds", "Request latency, submit to finish", buckets=_E2E_BUCKETS, registry=r
+        )
+        self.rejected = Counter("superfluid_rejected_requests", "Requests refused before running", ["reason"], registry=r)
+        if scheduler is not None:
+            r.register(_SchedulerCollector(scheduler))
+
+    # the engine's observer
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def finished(self, delta: Delta, seconds: float) -> None:
+        self.requests.labels(delta.finish_reason or "unknown").inc()
+        self.generation_tokens.inc(delta.completion_tokens)
+        if delta.index == 0:  # a prompt counts once per request, not per choice
+            self.prompt_tokens.inc(delta.prompt_tokens)
+            self.cached_prompt_tokens.inc(delta.cached_tokens)
+            self.e2e.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SchedulerCollector:
+    """Figures read at scrape time from the scheduler (plain reads of ints)."""
+
+    def __init__(self, scheduler):
+        self.s = scheduler
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        s, st = self.s, self.s.stats
+        yield GaugeMetricFamily("superfluid_queue_length", "Requests waiting to run", value=s.num_waiting)
+        yield GaugeMetricFamily("superfluid_running_requests", "Requests holding a lane", value=s.num_running)
+        yield GaugeMetricFamily("superfluid_kv_cache_usage_ratio", "Share of the KV pool in use", value=st.kv_usage)
+        yield CounterMetricFamily(
+            "superfluid_prefix_cache_hit_tokens", "Tokens seeds covered over every admission", value=st.prefix_hit_tokens
+        )
+        yield CounterMetricFamily("superfluid_preemptions", "Lanes preempted for memory", value=st.preemptions)
+        yield CounterMetricFamily("superfluid_ticks", "Ticks run", value=st.ticks)
+        yield CounterMetricFamily("superfluid_spec_proposed_tokens", "Draft tokens proposed", value=st.spec_proposed)
+        yield CounterMetricFamily("superfluid_spec_accepted_tokens", "Draft tokens accepted", value=st.spec_accepted)
+        rate = st.spec_accepted / st.spec_proposed if st.spec_proposed else 0.0
+        yield GaugeMetricFamily("superfluid_spec_acceptance_ratio", "Accepted / proposed draft tokens", value=rate)

@@ -1,0 +1,314 @@
+"""The OpenAI-compatible HTTP API over an ``AsyncEngine``.
+
+Each endpoint: parse (pydantic) -> translate and validate (ParamError -> 400)
+-> tokenize -> submit every prompt (QueueFull -> 429, an invalid grammar -> 400,
+all before a byte of the response goes out) -> collect or stream the deltas.
+A client that disconnects aborts its requests: a streamed response's generator
+is closed, a whole response watches ``is_disconnected``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream
+from ..engine.outputs import Delta
+from ..engine.params import ParamError, SamplingParams
+from . import render
+from .errors import APIError, install_error_handlers
+from .metrics import Metrics
+from .protocol import ChatCompletionRequest, CompletionRequest, chat_params, completion_params, completion_prompts
+
+DISCONNECT_POLL_S = 0.25
+
+
+def create_app(engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+    core = engine.engine
+    name = model_name or core.model_name
+    tokenizer = core.tokenizer
+    if metrics is None:
+        metrics = Metrics(core.scheduler, name)
+    if engine.observer is None:
+        engine.observer = metrics
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        engine.start()
+        yield
+        engine.stop()
+
+    app = FastAPI(title="superfluid", lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    engine.start()  # also without a lifespan (TestClient used without `with`)
+
+    # ------------------------------------------------------------ helpers
+    def check_model(requested: str) -> None:
+        if requested != name:
+            raise APIError(404, f"The model `{requested}` does not exist.", "model", "model_not_found")
+
+    def validate(ids: list[int], params: SamplingParams) -> None:
+        try:
+            core.validate(ids, params)
+        except ParamError as e:
+            raise APIError(400, str(e), e.param, "invalid_value") from None
+
+    async def submit_all(rid: str, prompts: list[list[int]], params: SamplingParams) -> list[RequestStream]:
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                streams.append(await engine.submit(f"{rid}-{i}", ids, params))
+        except BaseException as e:
+            for s in streams:
+                s.abort()
+            if isinstance(e, ParamError):
+                raise APIError(400, str(e), e.param, "invalid_value") from None
+            if isinstance(e, QueueFull):
+                metrics.rejected.labels("queue_full").inc()
+                raise APIError(429, f"The server is busy: {e}", None, "queue_full") from None
+            if isinstance(e, EngineDead):
+                raise APIError(503, str(e), None, "engine_dead") from None
+            raise
+        return streams
+
+    async def merged(streams: list[RequestStream], n: int) -> AsyncIterator[tuple[int, Delta]]:
+        """Deltas of several prompts' streams, as (choice index, delta)."""
+        if len(streams) == 1:
+            async for d in streams[0]:
+                yield d.index, d
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, s: RequestStream) -> None:
+            try:
+                async for d in s:
+                    await queue.put((i * n + d.index, d))
+            finally:
+                await queue.put(None)
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            live = len(tasks)
+            while live:
+                item = await queue.get()
+                if item is None:
+                    live -= 1
+                    continue
+                yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                s.abort()
+
+    async def collect(request: Request, streams: list[RequestStream], n: int) -> tuple[list[render.Choice], render.Usage]:
+        choices = [render.Choice(i) for i in range(len(streams) * n)]
+        usage = render.Usage()
+
+        async def run() -> None:
+            async for idx, d in merged(streams, n):
+                choices[idx].add(d)
+                if d.finish_reason is not None:
+                    usage.add_final(d)
+
+        task = asyncio.create_task(run())
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                for s in streams:
+                    s.abort()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise APIError(499, "the client disconnected", None, "client_disconnected")
+        task.result()
+        for c in choices:
+            if c.finish_reason == "error":
+                raise APIError(500, c.error or "the request failed", None, "internal_error")
+        return choices, usage
+
+    # ------------------------------------------------------------ endpoints
+    @app.get("/health")
+    async def health():
+        ok = engine.alive
+        body = {"status": "ok" if ok else "error", "pid": engine.pid, "model": name}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "superfluid",
+                    "max_model_len": core.max_seq_len,
+                }
+            ],
+        }
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        params = _params(completion_params, body)
+        prompts = []
+        try:
+            raw = completion_prompts(body)
+        except ParamError as e:
+            raise APIError(400, str(e), e.param, "invalid_value") from None
+        for p in raw:
+            ids = tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
+            validate(ids, params)
+            prompts.append(ids)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        streams = await submit_all(rid, prompts, params)
+        k = params.logprobs or 0
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, merged))
+        choices, usage = await collect(request, streams, params.n)
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": name,
+            "choices": [
+                {
+                    "index": c.index,
+                    "text": c.text,
+                    "logprobs": render.completion_logprobs(tokenizer, c.token_ids, c.logprobs, k)
+                    if params.logprobs is not None
+                    else None,
+                    "finish_reason": render.finish_reason(c.finish_reason),
+                }
+                for c in choices
+            ],
+            "usage": usage.body(),
+        }
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        check_model(body.model)
+        params = _params(chat_params, body)
+        if not body.messages:
+            raise APIError(400, "messages must not be empty", "messages", "invalid_value")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+        except Exception as e:  # a template that rejects the conversation (roles, order)
+            raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        validate(ids, params)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        streams = await submit_all(rid, [ids], params)
+        k = params.logprobs or 0
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _sse(_stream_chat(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, merged))
+        choices, usage = await collect(request, streams, params.n)
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": name,
+            "choices": [
+                {
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": render.chat_logprobs(tokenizer, c.token_ids, c.logprobs, k)
+                    if params.logprobs is not None
+                    else None,
+                    "finish_reason": render.finish_reason(c.finish_reason),
+                }
+                for c in choices
+            ],
+            "usage": usage.body(),
+        }
+
+    return app
+
+
+def _params(translate, body) -> SamplingParams:
+    try:
+        return translate(body)
+    except ParamError as e:
+        raise APIError(400, str(e), e.param, "invalid_value") from None
+
+
+def _sse(gen) -> StreamingResponse:
+    return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def _error_event(d: Delta) -> str:
+    return render.sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None, "code": "internal_error"}})
+
+
+async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged):
+    usage = render.Usage()
+    offsets: dict[int, int] = {}
+    base = {"id": rid, "object": "text_completion", "created": created, "model": name}
+    async for idx, d in merged(streams, n):
+        if d.finish_reason == "error":
+            yield _error_event(d)
+            continue
+        lp = None
+        if params.logprobs is not None and d.token_ids:
+            lp = render.completion_logprobs(tokenizer, d.token_ids, d.logprobs, k, offsets.get(idx, 0))
+        offsets[idx] = offsets.get(idx, 0) + len(d.text)
+        if d.text or d.token_ids or d.finish_reason:
+            chunk = dict(base, choices=[{"index": idx, "text": d.text, "logprobs": lp, "finish_reason": render.finish_reason(d.finish_reason)}])
+            if include_usage:
+                chunk["usage"] = None
+            yield render.sse(chunk)
+        if d.finish_reason is not None:
+            usage.add_final(d)
+    if include_usage:
+        yield render.sse(dict(base, choices=[], usage=usage.body()))
+    yield render.sse("[DONE]")
+
+
+async def _stream_chat(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged):
+    usage = render.Usage()
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name}
+
+    def chunk(idx: int, delta: dict, finish=None, logprobs=None) -> str:
+        c = dict(base, choices=[{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
+        if include_usage:
+            c["usage"] = None
+        return render.sse(c)
+
+    for idx in range(n * len(streams)):
+        yield chunk(idx, {"role": "assistant", "content": ""})
+    async for idx, d in merged(streams, n):
+        if d.finish_reason == "error":
+            yield _error_event(d)
+            continue
+        if d.text or d.token_ids:
+            lp = None
+            if params.logprobs is not None and d.token_ids:
+                lp = render.chat_logprobs(tokenizer, d.token_ids, d.logprobs, k)
+            if d.text or lp:
+                yield chunk(idx, {"content": d.text}, logprobs=lp)
+        if d.finish_reason is not None:
+            usage.add_final(d)
+            yield chunk(idx, {}, finish=render.finish_reason(d.finish_reason))
+    if include_usage:
+        yield render.sse(dict(base, choices=[], usage=usage.body()))
+    yield render.sse("[DONE]")

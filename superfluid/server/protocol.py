@@ -1,0 +1,193 @@
+"""OpenAI request models and their translation into engine ``SamplingParams``.
+
+Pydantic checks shapes and types; ranges are checked once, by
+``SamplingParams.validate`` and ``Engine.validate``, so the Python API and the
+server refuse the same things with the same messages. Unknown fields are ignored,
+as OpenAI's API does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..engine.params import GrammarSpec, ParamError, SamplingParams
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema", "regex"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = None  # extension: type "regex"
+
+
+class _Sampling(_Lenient):
+    """Fields both endpoints share (OpenAI's, then the vLLM-style extras)."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+    # extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    guided_regex: str | None = None
+    guided_json: dict[str, Any] | str | None = None
+    priority: int = 0
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class ContentPart(_Lenient):
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+
+
+# ------------------------------------------------------------------ translation
+
+
+def _grammar(req: _Sampling) -> GrammarSpec | None:
+    rf = req.response_format
+    if req.guided_regex is not None:
+        return GrammarSpec("regex", req.guided_regex)
+    if req.guided_json is not None:
+        src = req.guided_json if isinstance(req.guided_json, str) else json.dumps(req.guided_json)
+        return GrammarSpec("json_schema", src)
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return GrammarSpec("json_object", "")
+    if rf.type == "regex":
+        if not rf.regex:
+            raise ParamError("response_format of type regex needs a 'regex'", "response_format")
+        return GrammarSpec("regex", rf.regex)
+    if rf.json_schema is None or rf.json_schema.schema_ is None:
+        raise ParamError("response_format of type json_schema needs 'json_schema.schema'", "response_format")
+    return GrammarSpec("json_schema", json.dumps(rf.json_schema.schema_))
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for k, v in (raw or {}).items():
+        try:
+            out[int(k)] = float(v)
+        except (TypeError, ValueError):
+            raise ParamError(f"logit_bias keys must be token ids, got {k!r}", "logit_bias") from None
+    return out
+
+
+def _common(req: _Sampling, max_tokens: int | None, logprobs: int | None, default_max: int | None) -> SamplingParams:
+    stop = req.stop if req.stop is not None else ()
+    return SamplingParams(
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=req.top_k or 0,
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        max_tokens=default_max if max_tokens is None else max_tokens,
+        stop=(stop,) if isinstance(stop, str) else tuple(stop),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        ignore_eos=req.ignore_eos,
+        seed=req.seed,
+        logprobs=logprobs,
+        logit_bias=_logit_bias(req.logit_bias),
+        grammar=_grammar(req),
+        skip_special_tokens=req.skip_special_tokens,
+        priority=req.priority,
+    )
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    if req.best_of is not None and req.best_of != req.n:
+        raise ParamError("best_of other than n is not supported", "best_of")
+    if req.echo:
+        raise ParamError("echo is not supported", "echo")
+    if req.suffix:
+        raise ParamError("suffix is not supported", "suffix")
+    if req.logprobs is not None and req.logprobs < 0:
+        raise ParamError("logprobs must be non-negative", "logprobs")
+    return _common(req, req.max_tokens, req.logprobs, default_max=16)
+
+
+def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise ParamError("top_logprobs needs logprobs to be true", "top_logprobs")
+    if req.top_logprobs is not None and req.top_logprobs < 0:
+        raise ParamError("top_logprobs must be non-negative", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    return _common(req, max_tokens, logprobs, default_max=None)
+
+
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a completions request: a string, strings, token ids, lists of them."""
+    p = req.prompt
+    if isinstance(p, str):
+        return [p]
+    if not p:
+        raise ParamError("the prompt is empty", "prompt")
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]  # type: ignore[arg-type]
+    return list(p)  # type: ignore[arg-type]

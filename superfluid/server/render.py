@@ -1,0 +1,101 @@
+"""OpenAI response bodies: completions and chat, whole and streamed (SSE).
+
+A ``Choice`` gathers one choice's deltas; the functions here only shape JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..engine.outputs import Delta, TokenLogprobs
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def add(self, d: Delta) -> None:
+        self.text += d.text
+        self.token_ids += d.token_ids
+        self.logprobs += d.logprobs
+        if d.finish_reason is not None:
+            self.finish_reason = d.finish_reason
+            self.error = d.error
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add_final(self, d: Delta) -> None:
+        """Count a choice's final delta: its tokens always, its prompt once per prompt."""
+        self.completion_tokens += d.completion_tokens
+        if d.index == 0:
+            self.prompt_tokens += d.prompt_tokens
+            self.cached_tokens += d.cached_tokens
+
+    def body(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+def finish_reason(reason: str | None) -> str | None:
+    # "abort" and "error" are not OpenAI reasons; an aborted choice was cut short.
+    return {"abort": "length", "error": "stop"}.get(reason, reason) if reason else None
+
+
+def sse(obj: dict | str) -> str:
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+# ------------------------------------------------------------------ logprobs
+
+
+def _piece(tokenizer, token: int) -> tuple[str, list[int]]:
+    raw = tokenizer.token_bytes(token)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def _top(entry: TokenLogprobs, k: int) -> list[tuple[int, float]]:
+    ranked = sorted(((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None))
+    return [(t, v) for _, t, v in ranked[:k]]
+
+
+def chat_logprobs(tokenizer, token_ids: list[int], entries: list[TokenLogprobs], k: int) -> dict:
+    content = []
+    for token, entry in zip(token_ids, entries):
+        text, raw = _piece(tokenizer, token)
+        chosen = entry.get(token)
+        top = []
+        for t, v in _top(entry, k):
+            tt, tb = _piece(tokenizer, t)
+            top.append({"token": tt, "logprob": v, "bytes": tb})
+        content.append({"token": text, "logprob": chosen.logprob if chosen else None, "bytes": raw, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(tokenizer, token_ids: list[int], entries: list[TokenLogprobs], k: int, offset: int = 0) -> dict:
+    tokens, token_lps, tops, offsets = [], [], [], []
+    at = offset
+    for token, entry in zip(token_ids, entries):
+        text, _ = _piece(tokenizer, token)
+        chosen = entry.get(token)
+        tokens.append(text)
+        token_lps.append(chosen.logprob if chosen else None)
+        tops.append({_piece(tokenizer, t)[0]: v for t, v in _top(entry, k)} if k else None)
+        offsets.append(at)
+        at += len(text)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
