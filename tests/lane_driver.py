@@ -59,10 +59,18 @@ class Driver:
         self.seq = 0
         self.lanes: dict[int, LaneRun] = {}
         self.events = []
+        self.seed_lens: dict[int, int] = {}  # lease handle -> prefix length
+
+    def lease(self, prompt: list[int]):
+        lease = self.ex.lease_seed(prompt)
+        if lease is not None:
+            self.seed_lens[lease.handle] = lease.prefix_len
+        return lease
 
     def add(self, run: LaneRun) -> LaneRun:
         if run.seed_handle:
-            run.prefilled = self.ex.seeds[run.seed_handle].prefix_len
+            h = run.seed_handle
+            run.prefilled = self.seed_lens[h] if h in self.seed_lens else self.ex.seeds[h].prefix_len
         run.prefill_end = max(len(run.prompt) - run.decode_replay, run.prefilled)
         self.lanes[run.tag] = run
         return run
@@ -141,7 +149,8 @@ class Driver:
                     run.row = (e.logits_row.generation, self.ex.rings.read_logits_row(e.logits_row))
             else:
                 toks = self.ex.rings.read_emits(e.token_ref)
-                lane = self.ex.lanes.get(e.lane_tag)
+                lanes = getattr(self.ex, "lanes", None)  # in-process only: replay bookkeeping
+                lane = lanes.get(e.lane_tag) if lanes is not None else None
                 # what the executor replayed this tick is the lane's committed growth minus emits
                 run.out += toks
                 run.logprobs += by_tag.get(e.lane_tag, [])

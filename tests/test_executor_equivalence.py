@@ -84,7 +84,7 @@ def test_seeded_lane_matches_a_fresh_one(params, sampling, shares):
     d.run()
     d.retire([1])
     assert len(ex.cache) == 1
-    lease = ex.lease_seed(prompt + [9, 10, 11, 12])
+    lease = d.lease(prompt + [9, 10, 11, 12])
     assert lease is not None and lease.prefix_len == 44  # whole pages of the 45-token prompt
     run = d.add(LaneRun(2, prompt + [9, 10, 11, 12], N, sampling=sampling, params=params, rounds=3, rng_base=77, seed_handle=lease.handle))
     d.run()
@@ -100,7 +100,7 @@ def test_seed_covering_the_whole_prompt_holds_back_its_last_token():
     d.add(LaneRun(1, prompt + [5, 6, 7, 8], 1))
     d.run()
     d.retire([1])
-    lease = ex.lease_seed(prompt)
+    lease = d.lease(prompt)
     assert lease.prefix_len == 48
     run = d.add(LaneRun(2, prompt, N, rng_base=77, seed_handle=lease.handle))
     d.run()
@@ -135,7 +135,7 @@ def test_decode_replay_rebuilds_the_lane(params, sampling, cut):
     # a crash after `cut` tokens: the lane comes back with prompt + generated tokens
     rebuilt = prompt + want[:cut]
     ex = Executor(ToyRuntime())
-    run = LaneRun(1, rebuilt, N - cut, sampling=sampling, params=params, rounds=4, decode_replay=cut, rng_base=77 + cut)
+    run = LaneRun(1, rebuilt, N - cut, sampling=sampling, params=params, rounds=4, decode_replay=cut, rng_base=77)
     drive(ex, [run])
     assert run.out[: N - cut] == want[cut:]
 

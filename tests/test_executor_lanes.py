@@ -54,7 +54,7 @@ def test_checkpoint_lands_one_token_before_the_prompt_end():
     keys = [e.tokens for e in ex.cache]
     assert keys == [prompt[:-1]]
     # a resent prompt starts from the checkpoint and gives the same tokens
-    lease = ex.lease_seed(prompt)
+    lease = d.lease(prompt)
     assert lease.prefix_len == len(prompt) - 1
     run = d.add(LaneRun(2, prompt, 5, seed_handle=lease.handle))
     d.run()
@@ -73,7 +73,7 @@ def test_next_turn_starts_from_the_published_state():
     turn1 = prompt + first.out
     assert [e.tokens for e in ex.cache if len(e.tokens) == len(turn1)] == [turn1]
     nxt = turn1 + prompt_of(9, salt=3)
-    lease = ex.lease_seed(nxt)
+    lease = d.lease(nxt)
     assert lease.prefix_len == len(turn1)  # exact: the whole previous turn
     run = d.add(LaneRun(2, nxt, 10, seed_handle=lease.handle))
     d.run()
@@ -163,7 +163,7 @@ def test_grammar_replay_rebuilds_the_cursor():
     cut = len(whole.out) // 2
     h2 = ex.compile_grammar("json_schema", json.dumps(SCHEMA))
     rebuilt = LaneRun(2, prompt_of(12) + whole.out[:cut], 300, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=0.7),
-                      rounds=16, grammar_handle=h2, grammar_replay=cut, decode_replay=cut, rng_base=6 + cut)
+                      rounds=16, grammar_handle=h2, grammar_replay=cut, decode_replay=cut, rng_base=6)
     d.add(rebuilt)
     d.run()
     assert whole.out[:cut] + rebuilt.out == whole.out
@@ -285,7 +285,7 @@ def test_export_and_import_entries_round_trip():
     ev = d.tick(d.plan())
     assert [c.op for c in ev.op_completions] == [1] and ev.mem.host_retained_bytes == entry.bytes
     # a seed from the exported entry imports it and gives the same tokens
-    lease = ex.lease_seed(prompt_of(40))
+    lease = d.lease(prompt_of(40))
     run = d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
     d.run()
     assert run.out == reference(SamplingParams(), Sampling.GREEDY, prompt_of(40), n=6)
@@ -299,7 +299,7 @@ def test_failed_import_prefills_afresh():
     d.run()
     d.retire([1])
     ex.export_entries()
-    lease = ex.lease_seed(prompt_of(40))
+    lease = d.lease(prompt_of(40))
     rt.fail_on("seq_import", Fault(FaultCode.INTERNAL))
     run = d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
     d.run()

@@ -259,6 +259,8 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
         and a.want_logprobs == 0
     )
     cursor = st.chk.cursors.get(a.lane_tag)
+    # A rebuilt lane's replayed tokens were generated, each with one draw: its counter
+    # resumes past them, so the same rng_counter_base continues the same text.
     ex.lanes[a.lane_tag] = Lane(
         seq=seq,
         sampling=a.sampling,
@@ -267,6 +269,7 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
         prompt=prompt,
         prefill_end=max(len(prompt) - a.decode_replay, prefilled),
         prefilled=prefilled,
+        rng_counter=a.decode_replay,
         committed=committed,
         pending_input=pending,
         bias=bias,

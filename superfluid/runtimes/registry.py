@@ -1,0 +1,30 @@
+"""Runtimes by name: a small dict registry instead of a plugin system."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .base import RuntimePrimitives
+
+
+def _toy(**kw: Any) -> RuntimePrimitives:
+    from .toy import ToyRuntime
+
+    return ToyRuntime(**kw)
+
+
+def _torch(**kw: Any) -> RuntimePrimitives:
+    from .torch import load_runtime
+
+    return load_runtime(**kw)
+
+
+RUNTIMES: dict[str, Callable[..., RuntimePrimitives]] = {"toy": _toy, "torch": _torch}
+
+
+def build_runtime(kind: str, **kw: Any) -> RuntimePrimitives:
+    try:
+        make = RUNTIMES[kind]
+    except KeyError:
+        raise ValueError(f"unknown runtime {kind!r}; known: {', '.join(sorted(RUNTIMES))}") from None
+    return make(**kw)

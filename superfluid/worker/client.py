@@ -1,0 +1,280 @@
+"""The engine's side of a worker: an executor-shaped proxy and its supervisor.
+
+``WorkerClient`` offers the executor's operations (run_tick, lease_seed, grammars,
+biases, strategies, ...) and forwards them to a worker process. It watches the worker
+while waiting on it: the process must be alive, its heartbeat must advance, and while
+a request is outstanding its runtime-call counter must advance (a worker that is
+alive but stuck counts as dead). Any of these failing kills the worker and raises
+``WorkerLost``; the engine then calls ``restart()`` and replays its requests on the
+clean worker (handles of the old worker are gone: ``epoch`` tells them apart).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from ..abi import TickOutcome, TickPlan
+from ..executor.grammar import GrammarError
+from ..runtimes.base import PrimError, RuntimeDesc
+from . import wire
+from .shm_rings import Pulse, SharedRings
+
+POLL_SECS = 0.05
+
+
+class WorkerLost(Exception):
+    """The worker died, exited, stopped beating or stopped making progress."""
+
+    def __init__(self, why: str, exit_code: int | None = None):
+        super().__init__(why)
+        self.exit_code = exit_code
+
+
+class WorkerFailed(Exception):
+    """The worker cannot be (re)started: the model does not load, or restarts ran out."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    runtime: str = "toy"
+    runtime_args: tuple[tuple[str, Any], ...] = ()
+    token_capacity: int = 1 << 20
+    logits_rows: int = 256
+    load_timeout: float = 900.0  # model load (no progress counted yet)
+    heartbeat_timeout: float = 10.0  # the heartbeat thread must beat within this
+    stall_timeout: float = 60.0  # an outstanding request must see a runtime call complete within this
+    max_restarts: int = 5  # within restart_window seconds
+    restart_window: float = 300.0
+    backoff_first: float = 0.2
+    backoff_max: float = 5.0
+
+
+@dataclass
+class SeedHandle:
+    handle: int
+    prefix_len: int
+
+
+class WorkerClient:
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self.pulse = Pulse()
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.rings: SharedRings | None = None
+        self.desc: RuntimeDesc | None = None
+        self.state = "stopped"  # starting, ok, restarting, failed, stopped
+        self.epoch = 0  # bumped by each (re)start: handles from older epochs are gone
+        self.restarts: list[float] = []
+        self.last_exit: int | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def start(self) -> None:
+        """Start a worker, learn its runtime, and hand it the rings (made on first start
+        to the runtime's vocabulary; a restarted worker finds the same ones)."""
+        self.state = "starting"
+        parent, child = socket.socketpair()
+        runtime = json.dumps({"kind": self.config.runtime, "args": dict(self.config.runtime_args)})
+        cmd = [sys.executable, "-m", "superfluid.worker", "--fd", str(child.fileno()),
+               "--pulse", self.pulse.name, "--runtime", runtime]
+        self.pulse.counts[:] = 0  # no beat yet: the worker is still importing
+        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], start_new_session=True)
+        child.close()
+        self.sock = parent
+        info = self._call("describe", [], timeout=self.config.load_timeout, progress=False)
+        names = {f.name for f in fields(RuntimeDesc)}
+        self.desc = RuntimeDesc(**{k: v for k, v in info["desc"].items() if k in names})
+        if self.rings is None:
+            self.rings = SharedRings(self.desc.vocab_size, self.config.token_capacity, self.config.logits_rows)
+        self.rings.request_yield(False)
+        self._call("attach_rings", [list(self.rings.spec)], progress=False)
+        self.epoch += 1
+        self.state = "ok"
+
+    def restart(self) -> None:
+        """A clean worker after a loss, with bounded retries and back-off."""
+        self.state = "restarting"
+        self._stop_process()
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < self.config.restart_window]
+        while True:
+            if len(self.restarts) >= self.config.max_restarts:
+                self.state = "failed"
+                raise WorkerFailed(f"the worker was restarted {len(self.restarts)} times in {self.config.restart_window:.0f} s")
+            delay = min(self.config.backoff_first * (2 ** len(self.restarts)), self.config.backoff_max)
+            self.restarts.append(time.monotonic())
+            time.sleep(delay if len(self.restarts) > 1 else 0.0)
+            try:
+                self.start()
+                return
+            except WorkerLost:
+                self._stop_process()
+                continue
+
+    def close(self) -> None:
+        self._stop_process()
+        self.state = "stopped"
+        if self.rings is not None:
+            self.rings.close()
+            self.rings = None
+        if self.pulse is not None:
+            self.pulse.close()
+            self.pulse = None
+
+    def _stop_process(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.wait(timeout=2.0)  # a closed socket ends a healthy worker
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait()
+            self.last_exit = self.proc.returncode
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the worker (tests, and a stuck worker)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # ------------------------------------------------------------ transport
+    def _lost(self, why: str) -> WorkerLost:
+        self.kill()
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self.last_exit = code
+        self.state = "restarting"
+        return WorkerLost(why, code)
+
+    def _wait(self, on_partial: Callable[[int, int], None] | None, timeout: float | None, progress: bool) -> wire.Reply:
+        cfg = self.config
+        pulse = self.pulse.counts
+        beat, steps = int(pulse[0]), int(pulse[1])
+        t_beat = t_step = t0 = time.monotonic()
+        while True:
+            if self.sock is None:
+                raise WorkerLost("no worker")
+            ready, _, _ = select.select([self.sock], [], [], POLL_SECS)
+            if ready:
+                try:
+                    msg = wire.decode_to_engine(wire.recv_frame(self.sock))
+                except (wire.WireClosed, OSError):
+                    raise self._lost("the worker closed its connection") from None
+                if isinstance(msg, wire.Partial):
+                    if on_partial is not None:
+                        on_partial(msg.lane_tag, msg.token)
+                    continue
+                return msg
+            now = time.monotonic()
+            code = self.proc.poll() if self.proc is not None else -1
+            if code is not None:
+                raise self._lost(f"the worker exited with status {code}")
+            if int(pulse[0]) != beat:
+                beat, t_beat = int(pulse[0]), now
+            elif beat > 0 and now - t_beat > cfg.heartbeat_timeout:
+                raise self._lost(f"no heartbeat for {now - t_beat:.1f} s")
+            if int(pulse[1]) != steps:
+                steps, t_step = int(pulse[1]), now
+            elif progress and now - t_step > cfg.stall_timeout:
+                raise self._lost(f"no progress for {now - t_step:.1f} s")
+            if timeout is not None and now - t0 > timeout:
+                raise self._lost(f"no answer in {timeout:.0f} s")
+
+    def _call(self, op: str, args: list, timeout: float | None = None, progress: bool = True) -> Any:
+        if self.sock is None:
+            raise WorkerLost("the worker is not running")
+        try:
+            wire.send(self.sock, wire.Call(op, args))
+        except OSError:
+            raise self._lost("the worker's connection broke") from None
+        reply = self._wait(None, timeout, progress)
+        if reply.error is not None:
+            kind = reply.error_kind
+            if kind == "GrammarError":
+                raise GrammarError(reply.error)
+            if kind == "KeyError":
+                raise KeyError(reply.error)
+            if kind == "LoadError":
+                self.state = "failed"
+                raise WorkerFailed(reply.error)
+            if kind in ("PrimError", "Capacity", "Fault", "Unsupported", "UnknownSeq", "OutOfBoundary", "Fatal"):
+                raise PrimError(reply.error)
+            raise ValueError(reply.error)
+        return reply.value
+
+    # ------------------------------------------------- the executor's interface
+    def run_tick(self, plan: TickPlan, on_partial_emit: Callable[[int, int], None] | None = None) -> TickOutcome:
+        if self.sock is None:
+            raise WorkerLost("the worker is not running")
+        try:
+            wire.send(self.sock, wire.Tick(plan, on_partial_emit is not None))
+        except OSError:
+            raise self._lost("the worker's connection broke") from None
+        reply = self._wait(on_partial_emit, None, True)
+        if reply.outcome is None:
+            raise self._lost(f"the worker answered a tick with {reply.error!r}")
+        return reply.outcome
+
+    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0) -> SeedHandle | None:
+        got = self._call("lease_seed", [list(prompt), ttl_ticks, determinism_class])
+        return None if got is None else SeedHandle(*got)
+
+    def release_seed(self, handle: int) -> None:
+        self._call("release_seed", [handle])
+
+    def register_logit_bias(self, bias: dict[int, float]) -> int:
+        return self._call("register_logit_bias", [[[int(k), float(v)] for k, v in bias.items()]])
+
+    def release_logit_bias(self, handle: int) -> None:
+        self._call("release_logit_bias", [handle])
+
+    def compile_grammar(self, kind: str, source: str | None = None) -> int:
+        return self._call("compile_grammar", [kind, source])
+
+    def release_grammar(self, handle: int) -> None:
+        self._call("release_grammar", [handle])
+
+    def load_strategy(self, cfg=None) -> int:
+        from dataclasses import asdict
+
+        from ..executor import SpecConfig
+
+        return self._call("load_strategy", [asdict(cfg or SpecConfig())])
+
+    def inject_fault(self, lane_tag: int, code: int) -> None:
+        self._call("inject_fault", [lane_tag, code])
+
+    def export_entries(self, ids: list[int] | None = None) -> list[int]:
+        return self._call("export_entries", [ids])
+
+    def import_entries(self, ids: list[int] | None = None) -> list[int]:
+        return self._call("import_entries", [ids])
+
+    def fail_runtime(self, primitive: str, mode: str, times: int = 1, after: int = 0) -> None:
+        self._call("fail_runtime", [primitive, mode, times, after])
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats", [])
