@@ -14,7 +14,7 @@ class SchedulerConfig:
     determinism_class: int = 0
     prefix_caching: bool = True
     max_replans: int = 64  # NeedsReplan answers one step may take before giving up
-    max_oom_retries: int = 3  # OOM faults a request survives (re-admitted each time)
+    max_oom_retries: int = 8  # OOM faults a request survives (re-admitted each time)
     kv_watermark: float = 0.01  # share of the pool admissions leave free
     partial_emits: bool = True  # stream tokens as picked (PARTIAL_EMITS), not per tick
 

@@ -53,6 +53,7 @@ class ScheduledTick:
     decodes: dict[int, int] = field(default_factory=dict)  # lane tag -> rounds granted
     retires: list[int] = field(default_factory=list)
     latency_sensitive: bool = False
+    short_of_cells: bool = False  # the estimate says running lanes alone do not fit
 
     @property
     def empty(self) -> bool:
@@ -68,6 +69,7 @@ class SchedulerView:
     waiting: list[Request]  # priority order (FCFS among equals)
     orphan_retires: list[abi.LaneRetire]  # lanes of preempted requests
     free_cells: int | None  # estimate from the last events; None: unknown
+    orphan_cells: int = 0  # cells the orphan retires give back
     draining: bool = False
 
 
@@ -100,12 +102,19 @@ class Planner:
         live = [r for r in view.running if not r.retire_pending]
 
         budget = cfg.prefill_token_budget if limits.prefill_budget is None else limits.prefill_budget
-        free = view.free_cells
-        if free is not None:
-            free -= len(live)  # a decode round of every running lane comes first
+        page = max(1, self.desc.page)
+
+        def cost(held: int, add: int) -> int:
+            """Cells a lane holding ``held`` tokens takes to hold ``add`` more (whole blocks)."""
+            return (-(-(held + add) // page) - -(-held // page)) * page
+
+        # The free-cell estimate (None: the runtime does not count cells, NeedsReplan
+        # decides). Running lanes come first: their chunks and one decode round each
+        # are reserved before anything is admitted, so admissions never starve them.
+        free = None if view.free_cells is None else view.free_cells + view.orphan_cells
         prefills: list[abi.PrefillChunk] = []
-        # lanes fully prefilled after this tick: (request, lane tag, replay tokens to go)
-        ready: list[tuple[Request, int, int]] = []
+        # lanes fully prefilled after this tick: (request, lane tag, replay tokens to go, tokens held)
+        ready: list[tuple[Request, int, int, int]] = []
         for req in live:
             if req.lane_finished:
                 continue  # waits for the engine to finish it; cannot decode again
@@ -115,17 +124,22 @@ class Planner:
                 tick.prefills[req.lane_tag] = take
                 budget -= take
                 if free is not None:
-                    free -= take
+                    free -= cost(req.prefilled, take)
             if req.prefilled + take >= req.prefill_end:
                 # A re-admitted lane replays its generated tokens before it samples; until
                 # it emits, grant the whole replay again (a yield may have cut it short).
-                ready.append((req, req.lane_tag, req.replay if req.replay_pending else 0))
+                replay_left = req.replay if req.replay_pending else 0
+                held = req.held_tokens() + take
+                ready.append((req, req.lane_tag, replay_left, held))
+                if free is not None:
+                    free -= cost(held, 1 + replay_left)
+        tick.short_of_cells = free is not None and free < 0
 
         admits: list[abi.LaneAdmit] = []
         max_admits = len(view.waiting) if limits.max_admits is None else limits.max_admits
         n_lanes = len(live)
         blocked = False  # a waiting request could not be admitted (FCFS: none after it)
-        if not view.draining:
+        if not view.draining and not tick.short_of_cells:
             for req in view.waiting:
                 if len(admits) >= max_admits or n_lanes >= self.max_running:
                     blocked = True
@@ -140,7 +154,9 @@ class Planner:
                     blocked = True
                     break
                 take = min(need, budget)
-                cells = take + (len(history) - prefill_end) + 1  # prefill, replay, a first token
+                # a seed's copy, the chunk, the replay and a first token
+                copied = 0 if self.desc.copy_shares_cells else prefix
+                cells = cost(0, copied) + cost(prefix, take + (len(history) - prefill_end) + 1)
                 if free is not None and cells > free:
                     blocked = True
                     break
@@ -152,9 +168,9 @@ class Planner:
                         prompt=write_prompt(history),
                         sampling=p.abi_sampling(),
                         params=p.abi_params(),
-                        # The lane's draw counter starts at 0 and replayed tokens draw
-                        # nothing, so a re-admitted lane starts where its first left off.
-                        rng_counter_base=(req.rng_base + replay) & ((1 << 64) - 1),
+                        # The same base: the executor starts a lane's draw counter at its
+                        # decode_replay, so a re-admitted lane draws where it left off.
+                        rng_counter_base=req.rng_base,
                         decode_replay=replay,
                         grammar_handle=req.grammar_handle,
                         grammar_replay=replay if req.grammar_handle else 0,
@@ -173,18 +189,23 @@ class Planner:
                     free -= cells
                 n_lanes += 1
                 if take == need:
-                    ready.append((req, tag, len(history) - prefill_end))
+                    ready.append((req, tag, len(history) - prefill_end, len(history)))
 
         # Several rounds per tick amortize the tick's overhead, but only while nobody
-        # waits for a first token: a waiting request, or a lane still prefilling.
+        # waits for a first token (a waiting request, a lane still prefilling) and the
+        # pool has room for them; one round's cells were reserved above.
         still_prefilling = n_lanes > len(ready)
         waiting_left = len(view.waiting) > len(admits)
         tick.latency_sensitive = bool(waiting_left and not view.draining) or still_prefilling or blocked
         rounds = 1 if tick.latency_sensitive else cfg.max_rounds
         if limits.rounds is not None:
             rounds = min(rounds, limits.rounds)
+        if rounds > 1 and free is not None:
+            extra = sum(cost(held, r + min(rounds, req.tokens_left)) - cost(held, r + 1) for req, _, r, held in ready)
+            if extra > free:
+                rounds = 1
         decodes: list[abi.LaneDecode] = []
-        for req, tag, replay_left in ready:
+        for req, tag, replay_left, _ in ready:
             k = min(min(rounds, req.tokens_left) + replay_left, MAX_GRANT)
             if k <= 0:
                 continue

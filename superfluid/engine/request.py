@@ -115,6 +115,12 @@ class Request:
     def prefill_done(self) -> bool:
         return self.prefilled >= self.prefill_end
 
+    def held_tokens(self) -> int:
+        """About how many tokens the current lane holds in the runtime."""
+        if self.prefilled < self.prefill_end:
+            return self.prefilled
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
         """Mark finished; the scheduler retires a live lane at its next tick."""
         if self.status is Status.FINISHED:

@@ -76,7 +76,9 @@ class Scheduler:
         self.waiting: list[Request] = []  # priority order; FCFS among equals
         self.running: dict[int, Request] = {}  # lane tag -> request, admission order
         self._orphans: list[abi.LaneRetire] = []  # lanes of preempted requests, to retire
+        self._orphan_cells = 0  # what retiring them gives back (estimate)
         self._free_cells: int | None = None
+        self._failed: list[Request] = []  # failed while re-planning; reported by the step
         self.draining = False
         self.stats = SchedulerStats()
 
@@ -132,7 +134,13 @@ class Scheduler:
             self.rings.begin_prompts()
             tick = self.planner.build(self._view(), limits, lease, self.rings.write_prompt)
             if tick.empty:
-                return []
+                return self._take_failed()
+            live = [r for r in self.running.values() if not r.retire_pending]
+            if tick.short_of_cells and len(live) > 1:
+                # The last events say the running lanes will not all fit another round:
+                # preempt now rather than let the runtime fault them mid-tick.
+                self._preempt(max(live, key=lambda r: r.priority_key))
+                continue
             self.rings.set_latency_wanted(tick.latency_sensitive)
             streamed: dict[int, int] = {}
             callback = None
@@ -141,7 +149,7 @@ class Scheduler:
                 callback = self._partial_callback(tick, on_token, streamed)
             out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
             if out.status == abi.Status.OK:
-                return self.update(tick, out.events, streamed)
+                return self._take_failed() + self.update(tick, out.events, streamed)
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
                 limits = self._relieve(tick, limits)
@@ -172,6 +180,7 @@ class Scheduler:
             waiting=self.waiting,
             orphan_retires=self._orphans,
             free_cells=self._free_cells,
+            orphan_cells=self._orphan_cells,
             draining=self.draining,
         )
 
@@ -200,6 +209,7 @@ class Scheduler:
         streamed = streamed or {}
         self.stats.ticks += 1
         self._orphans = []
+        self._orphan_cells = 0
         for tag in tick.retires:
             self.running.pop(tag, None)
 
@@ -323,7 +333,7 @@ class Scheduler:
         if tick.admissions:
             if not live and len(tick.admissions) == 1 and not self._orphans:
                 req = tick.admissions[0].request
-                self.finish(req, FinishReason.ERROR, "the request does not fit in the KV cache")
+                self._fail(req, "the request does not fit in the KV cache")
                 return limits
             limits.max_admits = len(tick.admissions) - 1
             return limits
@@ -334,12 +344,22 @@ class Scheduler:
             self._preempt(max(live, key=lambda r: r.priority_key))
             return limits
         if live:
-            self.finish(live[0], FinishReason.ERROR, "the request does not fit in the KV cache")
+            self._fail(live[0], "the request does not fit in the KV cache")
             return limits
         raise SchedulerError("NeedsReplan with nothing left to give up")
 
+    def _fail(self, req: Request, message: str) -> None:
+        self.finish(req, FinishReason.ERROR, message)
+        self._failed.append(req)
+
+    def _take_failed(self) -> list[RequestUpdate]:
+        failed, self._failed = self._failed, []
+        return [RequestUpdate(r, finished=True) for r in failed]
+
     def _preempt(self, req: Request) -> None:
         self.running.pop(req.lane_tag, None)
+        page = max(1, self.desc.page)
+        self._orphan_cells += -(-req.held_tokens() // page) * page
         # Not published: the point is to give its cells back in this very plan.
         self._orphans.append(abi.LaneRetire(req.lane_tag, publish_to_cache=False))
         req.num_preemptions += 1
