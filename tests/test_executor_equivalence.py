@@ -171,3 +171,57 @@ def test_eos_finish_and_ignore_eos():
     run2 = LaneRun(1, prompt_of(10, salt), 60, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=1.5, flags=1), rng_base=77)
     drive(Executor(ToyRuntime()), [run2])
     assert run2.finish == 0 and len(run2.out) >= 60 and 0 in run2.out
+
+
+def test_next_turn_takes_the_entry_over_without_a_copy():
+    from superfluid.abi import ShedKind
+
+    prompt = prompt_of(45)
+    ex = Executor(ToyRuntime(takeover_preferred=True))
+    d = Driver(ex)
+    first = d.add(LaneRun(1, prompt, 7))
+    d.run()
+    d.retire([1])
+    turn = prompt + first.out + [9, 10, 11]
+    want = reference(SamplingParams(), Sampling.GREEDY, turn)
+    [entry] = ex.cache.entries
+    lease = d.lease(turn)
+    assert lease.prefix_len == 52
+    run = d.add(LaneRun(2, turn, N, rng_base=77, seed_handle=lease.handle))
+    ev = d.tick()
+    assert not ex.cache.entries and ex.lanes[2].seq == entry.seq  # the lane holds the entry's own sequence
+    assert [(s.kind, s.lane_tag) for s in ev.shed.entries] == [(ShedKind.CACHE_EVICTION, 2)]
+    d.run()
+    assert run.out[:N] == want
+
+
+def test_adopted_sequence_from_another_executor():
+    prompt = prompt_of(30)
+    src = Executor(ToyRuntime())
+    d = Driver(src)
+    d.add(LaneRun(1, prompt, 2))
+    d.run()
+    d.retire([1])
+    [entry] = src.cache.entries
+    payload = src.prim.seq_export(entry.seq)
+    dst = Executor(ToyRuntime())
+    lease = dst.adopt(entry.tokens, payload)
+    assert lease.adopted in dst.bare
+    d2 = Driver(dst)
+    d2.seed_lens[lease.handle] = lease.prefix_len
+    run = d2.add(LaneRun(1, entry.tokens + [7, 8], N, rng_base=77, seed_handle=lease.handle))
+    d2.run()
+    assert run.out[:N] == reference(SamplingParams(), Sampling.GREEDY, entry.tokens + [7, 8])
+    assert not dst.bare
+
+
+def test_latency_wanted_sizes_prefill_steps():
+    rt = ToyRuntime(prefill_step_tokens=1024, max_seq_len=2048)
+    ex = Executor(rt)
+    ex.prefill_secs_per_token = 0.3 / 256  # as if measured: 256 tokens fill a latency step
+    ex.rings.set_latency_wanted(True)
+    steps_before = rt.steps
+    d = Driver(ex)
+    d.add(LaneRun(1, prompt_of(1000), 1))
+    d.tick()
+    assert rt.steps - steps_before == 4 and rt.synced  # 1000 tokens in 256-token steps, waited out
