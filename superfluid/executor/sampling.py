@@ -86,32 +86,48 @@ def logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int
     return float(lp[token]), top
 
 
+NUCLEUS_PROBE = 512  # top-p first looks for its nucleus among this many best tokens
+
+
+def _desc_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Positions of ids by descending weight, lowest id first on ties."""
+    return np.lexsort((ids, -w))
+
+
 def candidates(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and their probabilities after temperature, top-k, top-p and min-p,
-    in descending probability (ties: lowest id first). Probabilities sum to 1."""
+    """Token ids and their probabilities after temperature, top-k, top-p and min-p.
+    Probabilities sum to 1. The order is the inverse CDF's walk: descending
+    probability when top-k or top-p is on (ties: lowest id first), else id order, which
+    spares sorting the whole vocabulary on every draw."""
     x = row.astype(np.float64) / max(params.temperature, 1e-6)
     n = x.shape[0]
-    k = params.top_k if 0 < params.top_k < n else n
-    if k < n:
-        ids = np.argpartition(-x, k - 1)[:k]
+    if 0 < params.top_k < n:
+        ids = np.argpartition(-x, params.top_k - 1)[: params.top_k]
     else:
         ids = np.flatnonzero(np.isfinite(x))
         if ids.size == 0:
             ids = np.arange(n)
-    order = np.lexsort((ids, -x[ids]))
-    ids = ids[order]
     logits = x[ids]
-    p = np.exp(logits - logits[0])
-    p /= p.sum()
-    keep = p.shape[0]
-    if params.top_p < 1.0:
-        # The smallest prefix whose mass reaches top_p (always at least one token).
-        keep = int(np.searchsorted(np.cumsum(p), params.top_p, side="left")) + 1
+    w = np.exp(logits - logits.max())  # the best token weighs 1
     if params.min_p > 0.0:
-        keep = min(keep, int(np.count_nonzero(p >= params.min_p * p[0])))
-    keep = max(1, min(keep, p.shape[0]))
-    ids, p = ids[:keep], p[:keep]
-    return ids, p / p.sum()
+        keep = w >= params.min_p
+        ids, w = ids[keep], w[keep]
+    if params.top_p < 1.0:
+        total = w.sum()
+        probe = min(NUCLEUS_PROBE, ids.shape[0])
+        part = np.argpartition(-w, probe - 1)[:probe] if probe < ids.shape[0] else np.arange(ids.shape[0])
+        order = part[_desc_order(ids[part], w[part])]
+        cum = np.cumsum(w[order]) / total
+        if cum[-1] < params.top_p and probe < ids.shape[0]:
+            order = _desc_order(ids, w)  # a flat distribution: sort it all
+            cum = np.cumsum(w[order]) / total
+        # The smallest prefix whose mass reaches top_p (always at least one token).
+        cut = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, order.shape[0])
+        ids, w = ids[order[:cut]], w[order[:cut]]
+    elif 0 < params.top_k < n:
+        order = _desc_order(ids, w)
+        ids, w = ids[order], w[order]
+    return ids, w / w.sum()
 
 
 def sample(row: np.ndarray, params: SamplingParams, u: float) -> int:
