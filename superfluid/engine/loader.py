@@ -27,20 +27,17 @@ def _toy(config: EngineConfig):
 
 
 def _torch(config: EngineConfig):
-    from ..models import DEFAULT_MODEL, resolve_model
+    from ..models import DEFAULT_MODEL
     from ..runtimes.torch import TorchRuntime
-    from ..tokenizer import load_tokenizer
 
     name = config.model or DEFAULT_MODEL
-    path = resolve_model(name)
     kw = dict(dtype=config.dtype, deterministic=config.deterministic, progress=config.progress)
     if config.kv_cache_mb:
         kw["kv_cache_mb"] = config.kv_cache_mb
     if config.max_batch:
         kw["max_batch"] = config.max_batch
-    rt = TorchRuntime(model=str(path), **kw)
-    tok = getattr(rt, "tokenizer", None) or load_tokenizer(path)
-    return rt, tok, name
+    rt = TorchRuntime(model=name, **kw)  # resolves the name or path; loads weights and tokenizer
+    return rt, rt.tokenizer, name
 
 
 RUNTIMES: dict[str, Callable] = {"toy": _toy, "torch": _torch}
