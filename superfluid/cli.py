@@ -1,0 +1,198 @@
+"""``superfluid serve | generate | chat``."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+from .engine.config import EngineConfig, SchedulerConfig
+from .models import DEFAULT_MODEL
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help=f"a registered name, a .gguf file or a Hugging Face folder (default: {DEFAULT_MODEL})")
+    p.add_argument("--runtime", default="torch", choices=["torch", "toy"], help="the model runtime (default: torch)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the runtime's choice)")
+    p.add_argument("--kv-cache-mb", type=int, default=0, help="KV cache pool size in MiB (default: the runtime's)")
+    p.add_argument("--max-batch", type=int, default=0, help="most sequences per forward step (default: the runtime's)")
+    p.add_argument("--deterministic", action="store_true", help="batch-invariant numerics: the same text at any load")
+    p.add_argument("--prefill-budget", type=int, default=512, help="prompt tokens prefilled per tick, over all requests")
+    p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
+
+
+def _config(args: argparse.Namespace, **extra) -> EngineConfig:
+    progress = extra.pop("progress", False) or sys.stderr.isatty()  # a tqdm bar while weights load
+    return EngineConfig(
+        model=args.model or ("toy" if args.runtime == "toy" else DEFAULT_MODEL),
+        runtime=args.runtime,
+        dtype=args.dtype,
+        kv_cache_mb=args.kv_cache_mb,
+        max_batch=args.max_batch,
+        deterministic=args.deterministic,
+        progress=progress,
+        scheduler=SchedulerConfig(
+            prefill_token_budget=args.prefill_budget,
+            prefix_caching=not args.no_prefix_cache,
+            determinism_class=1 if args.deterministic else 0,
+        ),
+        **extra,
+    )
+
+
+def _build(config: EngineConfig):
+    from .engine.loader import build_engine
+
+    print(f"superfluid: loading {config.model} on the {config.runtime} runtime ...", file=sys.stderr, flush=True)
+    return build_engine(config)
+
+
+# ------------------------------------------------------------------ serve
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .engine.async_engine import AsyncEngine
+    from .server.openai import create_app
+
+    config = _config(args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True)
+    engine = _build(config)
+    app = create_app(AsyncEngine(engine, max_queued=config.max_queued_requests), model_name=args.served_model_name or config.model)
+    print(f"superfluid: serving {args.served_model_name or config.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+# ------------------------------------------------------------------ generate / chat
+
+
+def _params(args: argparse.Namespace):
+    from .engine.params import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        stop=tuple(args.stop or ()),
+    )
+
+
+def _stream(engine, rid: str, ids: list[int], params) -> str:
+    """Run one request to its end, printing text as it comes; returns the text."""
+    out: list[str] = []
+
+    def show(d) -> None:
+        if d.request_id == rid and d.text:
+            out.append(d.text)
+            print(d.text, end="", flush=True)
+
+    engine.on_delta = show
+    try:
+        engine.add_request(rid, ids, params)
+        while engine.has_work():
+            engine.step()
+    finally:
+        engine.on_delta = None
+    print(flush=True)
+    return "".join(out)
+
+
+def generate(args: argparse.Namespace) -> int:
+    from .engine.params import ParamError
+
+    engine = _build(_config(args))
+    tok = engine.tokenizer
+    if args.chat:
+        text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
+    else:
+        text = args.prompt
+    try:
+        _stream(engine, "generate", tok.encode(text, add_special_tokens=False), _params(args))
+    except ParamError as e:
+        print(f"superfluid: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def chat(args: argparse.Namespace) -> int:
+    engine = _build(_config(args))
+    tok = engine.tokenizer
+    messages: list[dict] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("superfluid chat: an empty line or Ctrl-D ends.", file=sys.stderr)
+    for turn in itertools.count():
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        text = tok.apply_chat_template(messages, add_generation_prompt=True)
+        reply = _stream(engine, f"chat-{turn}", tok.encode(text, add_special_tokens=False), _params(args))
+        messages.append({"role": "assistant", "content": reply})
+    return 0
+
+
+# ------------------------------------------------------------------ main
+
+
+def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="superfluid", description="An LLM inference engine and OpenAI-compatible server.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
+    _engine_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-queued-requests", type=int, default=256, help="waiting requests beyond which new ones get 429")
+    s.add_argument("--max-n", type=int, default=16, help="the largest n a request may ask for")
+    s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=serve)
+
+    g = sub.add_parser("generate", help="complete one prompt and print the text")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _engine_args(g)
+    _sampling_args(g, 128)
+    g.set_defaults(func=generate)
+
+    c = sub.add_parser("chat", help="an interactive chat in the terminal")
+    c.add_argument("--system", default=None, help="a system message")
+    _engine_args(c)
+    _sampling_args(c, 512)
+    c.set_defaults(func=chat)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a model that does not load, a bad option value
+        from .models import ModelLoadError
+
+        if isinstance(e, (ModelLoadError, ValueError)):
+            print(f"superfluid: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
