@@ -1,0 +1,3 @@
+"""Benchmarks: a serving load generator for OpenAI-compatible servers (``serve``),
+offline throughput against transformers (``offline``) and their datasets (``datasets``).
+"""
