@@ -155,7 +155,7 @@ class BenchRequest:
 
 def _chat(rng: random.Random, n: int, output_len: int) -> list[BenchRequest]:
     out = []
-    lo = max(8, output_len // 4)
+    lo = min(output_len, max(8, output_len // 4))
     for _ in range(n):
         # log-uniform prompt length: mostly short questions, some long contexts
         ptoks = int(round(2 ** rng.uniform(4, 9)))
