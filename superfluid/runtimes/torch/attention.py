@@ -58,12 +58,23 @@ def build_meta(q_lens, starts, slots, key_slots, device, pad_keys_to: int = 1) -
                     positions.to(device), gather.to(device), valid.to(device))
 
 
+def cells(cache: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """cache [S, Hkv, d] at idx [...] -> [..., Hkv, d] (index_select: far faster than cache[idx])."""
+    return cache.index_select(0, idx.reshape(-1)).view(*idx.shape, *cache.shape[1:])
+
+
 def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid) -> torch.Tensor:
-    # q: [B, H, d] one query per sequence; kc, vc: [S, Hkv, d]; gather/valid: [B, L]
-    k = kc[gather].transpose(1, 2)  # [B, Hkv, L, d]
-    v = vc[gather].transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=valid[:, None, None, :], enable_gqa=True)
-    return out.squeeze(2)  # [B, H, d]
+    # q: [B, H, d] one query per sequence; kc, vc: [S, Hkv, d]; gather/valid: [B, L].
+    # Query head h reads kv head h // group (transformers' repeat_kv order), so q views as
+    # [B, Hkv, group, d] and each kv head serves its group in one matmul.
+    B, H, d = q.shape
+    Hkv = kc.shape[1]
+    k = cells(kc, gather).permute(0, 2, 3, 1)  # [B, Hkv, d, L]
+    v = cells(vc, gather).transpose(1, 2)  # [B, Hkv, L, d]
+    s = torch.matmul(q.view(B, Hkv, H // Hkv, d), k) * (d ** -0.5)  # [B, Hkv, group, L]
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    return torch.matmul(p, v).view(B, H, d)  # [B, H, d]
 
 
 def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) -> torch.Tensor:
@@ -81,7 +92,7 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) 
             continue
         o, start, ks = meta.offsets[i], meta.starts[i], meta.key_slots[i]
         qi = q[o: o + n].transpose(0, 1)  # [H, n, d]
-        ki, vi = kc[ks].transpose(0, 1), vc[ks].transpose(0, 1)  # [Hkv, start + n, d]
+        ki, vi = cells(kc, ks).transpose(0, 1), cells(vc, ks).transpose(0, 1)  # [Hkv, start + n, d]
         if start == 0:
             oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
         else:  # query j sits at position start + j and sees keys 0..start + j
@@ -109,9 +120,9 @@ def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: Step
     acc = torch.zeros(B, nq, H, d, device=q.device)
     L = meta.gather.shape[1]
     for j in range(0, L, KEY_BLOCK):
-        cells = meta.gather[:, j: j + KEY_BLOCK]  # [B, KB] (L is padded to KEY_BLOCK)
-        kb = kc[cells].float().repeat_interleave(group, dim=2)  # [B, KB, H, d]
-        vb = vc[cells].float().repeat_interleave(group, dim=2)
+        blk = meta.gather[:, j: j + KEY_BLOCK]  # [B, KB] (L is padded to KEY_BLOCK)
+        kb = cells(kc, blk).float().repeat_interleave(group, dim=2)  # [B, KB, H, d]
+        vb = cells(vc, blk).float().repeat_interleave(group, dim=2)
         s = (qf[:, :, None] * kb[:, None]).sum(-1)  # [B, nq, KB, H]
         kpos = torch.arange(j, j + KEY_BLOCK, device=q.device)
         visible = (kpos[None, None, :] <= qpos[:, :, None]) & meta.key_valid[:, None, j: j + KEY_BLOCK]

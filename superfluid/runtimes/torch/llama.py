@@ -88,8 +88,9 @@ class Llama:
         cfg, lin = self.cfg, self.linear
         T = tokens.shape[0]
         H, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        x = self.embed[tokens]  # [T, D]
-        cos, sin = self.cos[meta.positions][:, None], self.sin[meta.positions][:, None]  # [T, 1, d]
+        x = self.embed.index_select(0, tokens)  # [T, D]
+        cos = self.cos.index_select(0, meta.positions)[:, None]  # [T, 1, d]
+        sin = self.sin.index_select(0, meta.positions)[:, None]
         for li, L in enumerate(self.layers):
             h = self.rms_norm(x, L.attn_norm)
             qkv = lin(h, L.wqkv, L.bqkv) if self.deterministic else F.linear(h, L.wqkv, L.bqkv)
@@ -98,8 +99,8 @@ class Llama:
             v = qkv[:, (H + Hkv) * d:].view(T, Hkv, d)
             q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             kc, vc = kv_k[li], kv_v[li]  # [S, Hkv, d]
-            kc[meta.slots] = k
-            vc[meta.slots] = v
+            kc.index_copy_(0, meta.slots, k)
+            vc.index_copy_(0, meta.slots, v)
             a = self.attend(q, kc, vc, meta)  # [T, H, d]
             x = x + lin(a.reshape(T, H * d), L.wo)
             h = self.rms_norm(x, L.ffn_norm)
