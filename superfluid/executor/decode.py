@@ -35,7 +35,7 @@ from ..abi import (
 from ..rings import RingFull
 from ..runtimes.base import Feed, PrimError, SampleSpec
 from . import sampling as hs
-from .grammar import GrammarOverflow
+from .grammar_errors import GrammarOverflow
 from .prefill import replay_phase
 from .speculate import propose
 from .tick import FatalTick, TickState, fault_lane, lane_fault_code

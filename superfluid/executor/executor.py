@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from ..abi import FaultCode, OpCompletion, OpKind, Status, TickOutcome, TickPlan
 from ..rings import Rings
 from ..runtimes.base import PrimError, RuntimePrimitives
 from .cache import CacheEntry, PrefixCache
-from .grammar import GrammarStore
+if TYPE_CHECKING:
+    from .grammar import GrammarStore
 from .lane import Lane
 from .speculate import SpecConfig, SpecGate
 
@@ -65,8 +66,7 @@ class Executor:
         self.seeds: dict[int, SeedLease] = {}
         self.bare: set[int] = set()  # adopted sequences awaiting their admit
         self.biases: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        vocab = runtime.vocabulary()
-        self.grammars = GrammarStore(vocab, self.desc.vocab_size) if vocab is not None else None
+        self._grammars: GrammarStore | None = None  # made on first use: xgrammar is slow to import
         self.strategy: SpecConfig | None = None
         self.strategy_slot = 0
         self.spec_gate = SpecGate()
@@ -95,6 +95,17 @@ class Executor:
             )
             os._exit(FATAL_EXIT_STATUS)
         return Status.FATAL
+
+    @property
+    def grammars(self) -> "GrammarStore | None":
+        if self._grammars is None:
+            vocab = self.prim.vocabulary()
+            if vocab is None:
+                return None
+            from .grammar import GrammarStore
+
+            self._grammars = GrammarStore(vocab, self.desc.vocab_size)
+        return self._grammars
 
     # -------------------------------------------------------------- helpers
     def _handle(self) -> int:
@@ -303,7 +314,7 @@ class Executor:
             for e in self.cache
         )
         seeds = {h: (s.entry_id, tuple(s.prefix), s.expires_at_tick, s.adopted) for h, s in self.seeds.items()}
-        grammars = None if self.grammars is None else dict(self.grammars.handles())
+        grammars = None if self._grammars is None else dict(self._grammars.handles())
         return (
             lanes, frozenset(self.faulted), cache, seeds, frozenset(self.bare), frozenset(self.biases),
             dict(self.inject_faults), self.last_plan_seq, self.tick_count, grammars,

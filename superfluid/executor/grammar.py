@@ -34,12 +34,7 @@ CACHE_BYTES = 64 << 20  # xgrammar's compiled-grammar cache across handles
 COMPILE_THREADS = 8
 
 
-class GrammarError(ValueError):
-    """An invalid schema, regex or EBNF, or an unknown kind."""
-
-
-class GrammarOverflow(Exception):
-    """The cursor cannot go on: no token is allowed, or the chosen one is not."""
+from .grammar_errors import GrammarError, GrammarOverflow  # noqa: E402  (re-exported)
 
 
 class Cursor:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from ..abi import TickOutcome, TickPlan
-from ..executor.grammar import GrammarError
+from ..executor.grammar_errors import GrammarError
 from ..runtimes.base import PrimError, RuntimeDesc
 from . import wire
 from .shm_rings import Pulse, SharedRings
@@ -51,7 +51,8 @@ class WorkerConfig:
     logits_rows: int = 256
     load_timeout: float = 900.0  # model load (no progress counted yet)
     heartbeat_timeout: float = 10.0  # the heartbeat thread must beat within this
-    stall_timeout: float = 60.0  # an outstanding request must see a runtime call complete within this
+    stall_timeout: float = 60.0  # an outstanding tick must see a runtime call complete within this
+    op_timeout: float = 300.0  # an operation between ticks (a grammar compiles, xgrammar imports)
     max_restarts: int = 5  # within restart_window seconds
     restart_window: float = 300.0
     backoff_first: float = 0.2
@@ -94,13 +95,13 @@ class WorkerClient:
         self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], start_new_session=True)
         child.close()
         self.sock = parent
-        info = self._call("describe", [], timeout=self.config.load_timeout, progress=False)
+        info = self._call("describe", [], timeout=self.config.load_timeout)
         names = {f.name for f in fields(RuntimeDesc)}
         self.desc = RuntimeDesc(**{k: v for k, v in info["desc"].items() if k in names})
         if self.rings is None:
             self.rings = SharedRings(self.desc.vocab_size, self.config.token_capacity, self.config.logits_rows)
         self.rings.request_yield(False)
-        self._call("attach_rings", [list(self.rings.spec)], progress=False)
+        self._call("attach_rings", [list(self.rings.spec)])
         self.epoch += 1
         self.state = "ok"
 
@@ -203,14 +204,14 @@ class WorkerClient:
             if timeout is not None and now - t0 > timeout:
                 raise self._lost(f"no answer in {timeout:.0f} s")
 
-    def _call(self, op: str, args: list, timeout: float | None = None, progress: bool = True) -> Any:
+    def _call(self, op: str, args: list, timeout: float | None = None, progress: bool = False) -> Any:
         if self.sock is None:
             raise WorkerLost("the worker is not running")
         try:
             wire.send(self.sock, wire.Call(op, args))
         except OSError:
             raise self._lost("the worker's connection broke") from None
-        reply = self._wait(None, timeout, progress)
+        reply = self._wait(None, timeout if timeout is not None else self.config.op_timeout, progress)
         if reply.error is not None:
             kind = reply.error_kind
             if kind == "GrammarError":

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..executor import Executor, ExecutorConfig, SpecConfig
-from ..executor.grammar import GrammarError
+from ..executor.grammar_errors import GrammarError
 from ..runtimes.base import Fatal, Fault, PrimError, RuntimePrimitives
 from ..runtimes.registry import build_runtime
 from . import wire
