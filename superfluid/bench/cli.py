@@ -68,6 +68,7 @@ def add_bench_subcommands(subparsers) -> None:
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--hf-batch-size", type=int, default=16)
     o.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    o.add_argument("--max-prompt-tokens", type=int, default=0, help="keep each prompt's last N tokens (0: all)")
     o.add_argument("--skip-hf", action="store_true", help="superfluid only")
     o.add_argument("--out", type=Path, default=None)
     o.set_defaults(func=cmd_offline)
@@ -115,7 +116,8 @@ def cmd_offline(args) -> int:
 
     cfg = OfflineConfig(model=args.model, runtime=args.runtime, dtype=args.dtype, hf_dtype=args.hf_dtype,
                         num_prompts=args.num_prompts, output_len=args.output_len, dataset=args.dataset,
-                        seed=args.seed, hf_batch_size=args.hf_batch_size, threads=args.threads, skip_hf=args.skip_hf)
+                        seed=args.seed, hf_batch_size=args.hf_batch_size, threads=args.threads, skip_hf=args.skip_hf,
+                        max_prompt_tokens=args.max_prompt_tokens)
     result = run_offline(cfg)
     print(format_offline(result))
     _write(args.out, result)

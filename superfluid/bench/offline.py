@@ -37,6 +37,7 @@ class OfflineConfig:
     seed: int = 0
     hf_batch_size: int = 16
     threads: int = 0  # torch threads for both; 0: leave torch's default
+    max_prompt_tokens: int = 0  # >0: keep each prompt's last this many tokens (small-context models)
     skip_hf: bool = False
 
 
@@ -44,7 +45,8 @@ def _prompt_ids(llm, cfg: OfflineConfig) -> list[list[int]]:
     tok = llm.tokenizer
     reqs = make_dataset(cfg.dataset, cfg.num_prompts, cfg.seed, cfg.output_len)
     texts = [tok.apply_chat_template([dict(m) for m in r.messages], add_generation_prompt=True) for r in reqs]
-    return [tok.encode(t, add_special_tokens=False) for t in texts]
+    ids = [tok.encode(t, add_special_tokens=False) for t in texts]
+    return [p[-cfg.max_prompt_tokens:] for p in ids] if cfg.max_prompt_tokens else ids
 
 
 def _bench_superfluid(llm, prompts: list[list[int]], output_len: int) -> tuple[dict, list[list[int]]]:
