@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -93,11 +94,12 @@ class Server:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        self.proc.terminate()
+        # the server's own session (start_new_session): its worker processes go with it
+        os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
 

@@ -1,0 +1,92 @@
+"""benchmarks/compare.py end to end against two fake servers (no model, no subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from superfluid.bench.fake_server import FakeServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_compare():
+    spec = importlib.util.spec_from_file_location("bench_compare", ROOT / "benchmarks" / "compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def two_servers():
+    """A 'fast' and a 'slow' fake server on a background event loop."""
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    fast = asyncio.run_coroutine_threadsafe(FakeServer(first_delay_s=0.002, cached_tokens=7).start(), loop).result()
+    slow = asyncio.run_coroutine_threadsafe(FakeServer(first_delay_s=0.02, token_delay_s=0.004).start(), loop).result()
+    yield fast, slow
+    for s in (fast, slow):
+        asyncio.run_coroutine_threadsafe(s.stop(), loop).result()
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
+
+
+def test_compare_runs_ab_rounds_and_reports(two_servers, tmp_path):
+    fast, slow = two_servers
+    compare = load_compare()
+    rc = compare.main(["--superfluid-url", fast.url, "--llama-url", slow.url, "--runtime", "toy",
+                       "--concurrency", "1,4", "--datasets", "chat,grounded", "--num-requests", "4",
+                       "--output-len", "6", "--repeats", "2", "--prefix-requests", "3", "--prefix-output-len", "2",
+                       "--tag", "t", "--out-dir", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    report = json.loads((tmp_path / "compare_t.json").read_text())
+    md = (tmp_path / "compare_t.md").read_text()
+    # 2 concurrencies x 2 datasets x 2 rounds x 2 servers, then 2 rounds x 2 prefix datasets on superfluid
+    assert len(report["runs"]) == 16 + 4
+    order = [(r["server"], r["round"]) for r in report["runs"][:4]]
+    assert order == [("superfluid", 0), ("llama-server", 0), ("superfluid", 1), ("llama-server", 1)]  # A/B/A/B
+    seeds = {(r["server"], r["round"]): r["result"]["seed"] for r in report["runs"][:4]}
+    assert seeds[("superfluid", 0)] == seeds[("llama-server", 0)] != seeds[("superfluid", 1)]
+    rows = report["comparison"]
+    assert len(rows) == 4
+    for row in rows:
+        a, b = row["superfluid"], row["llama-server"]
+        assert row["tokens_per_s_ratio"] == pytest.approx(a["output_tokens_per_s"] / b["output_tokens_per_s"])
+        assert row["tokens_per_s_ratio"] > 1.0 and row["ttft_p50_ratio"] < 1.0  # fast beats slow
+        assert a["rounds"] == 2 and a["failed"] == 0
+    c1g = next(r for r in rows if r["concurrency"] == 1 and r["dataset"] == "grounded")
+    assert c1g["target_tokens_per_s_ratio"] == 1.3
+    assert report["prefix_cache"]["speedup"] is not None
+    assert "Tooling check only" in md and "| 4 | chat |" in md
+
+
+def test_medians_and_targets():
+    compare = load_compare()
+
+    def res(tps, ttft):
+        st = {"mean": ttft, "p50": ttft, "p90": ttft, "p99": ttft}
+        return {"output_tokens_per_s": tps, "requests_per_s": 1.0, "ttft_ms": st, "itl_ms": st, "tpot_ms": st,
+                "e2e_ms": st, "cached_ratio": None, "failed": 0, "total_input_tokens": 10, "total_output_tokens": 5,
+                "completed": 1}
+
+    runs = []
+    for server, vals in (("superfluid", [(300, 5), (330, 6), (360, 4)]), ("llama-server", [(100, 5), (90, 5), (110, 5)])):
+        for i, (tps, ttft) in enumerate(vals):
+            runs.append({"server": server, "concurrency": 32, "dataset": "chat", "round": i, "result": res(tps, ttft)})
+    med = compare.medians(runs)
+    assert med["superfluid"]["32"]["chat"]["output_tokens_per_s"] == 330
+    assert med["llama-server"]["32"]["chat"]["output_tokens_per_s"] == 100
+
+    class A:
+        concurrency = [32]
+        datasets = ["chat"]
+
+    (row,) = compare.comparisons(med, A)
+    assert row["tokens_per_s_ratio"] == pytest.approx(3.3) and row["ttft_p50_ratio"] == 1.0
+    assert row["target_met"] is True  # >= 3x and TTFT p50 no worse
