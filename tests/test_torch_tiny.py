@@ -286,3 +286,23 @@ def test_vocabulary_and_eos(rt):
     assert ("<|im_end|>", 2) in v.specials
     desc = rt.desc
     assert desc.copy_shares_cells and desc.engine_sampling and desc.engine_draws and not desc.exact_only
+
+
+def test_bf16_mode_close_to_fp32(tiny_dir, rt):
+    rb = TorchRuntime(tiny_dir / "llama.gguf", dtype="bfloat16", kv_cache_mb=4)
+    a, row_a = prefill(rb, PROMPT)
+    b, row_b = prefill(rt, PROMPT)
+    (dec_a,) = rb.step([Feed(a, [9], True)])  # single-row step: the bf16 GEMV path on plain CPUs
+    (dec_b,) = rt.step([Feed(b, [9], True)])
+    assert dec_a.dtype == np.float32
+    scale = np.abs(row_b).max()
+    assert np.abs(row_a - row_b).max() < 0.05 * scale and np.abs(dec_a - dec_b).max() < 0.05 * scale
+    assert int(np.argmax(dec_a)) == int(np.argmax(dec_b))
+    rt.seq_free(b)
+
+
+def test_resolve_model(tiny_dir):
+    p = resolve_model()
+    assert p.suffix == ".gguf" and p.is_file() and "SmolLM2" in p.name
+    assert resolve_model(tiny_dir / "llama.gguf") == tiny_dir / "llama.gguf"
+    assert resolve_model(str(tiny_dir / "llama.gguf")) == tiny_dir / "llama.gguf"

@@ -18,45 +18,69 @@ from .config import ModelConfig
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
 
 
+class Mat:
+    """A weight matrix [out, in] in the compute dtype, and optionally a bf16 copy used for
+    single-row products (CPUs without native bf16: there a bf16 GEMV streams half the bytes
+    and is ~2.5x faster, while bf16 GEMMs with more rows are emulated and far slower)."""
+
+    __slots__ = ("w", "w16")
+
+    def __init__(self, w: torch.Tensor, gemv16: bool):
+        self.w = w
+        self.w16 = w.to(torch.bfloat16).contiguous() if gemv16 else None
+
+
 @dataclass
 class Layer:
     attn_norm: torch.Tensor  # [D]
-    wqkv: torch.Tensor  # [(H + 2 Hkv) d, D]
+    wqkv: Mat  # [(H + 2 Hkv) d, D]
     bqkv: torch.Tensor | None  # [(H + 2 Hkv) d]
-    wo: torch.Tensor  # [D, H d]
+    wo: Mat  # [D, H d]
     ffn_norm: torch.Tensor  # [D]
-    wgu: torch.Tensor  # [2 F, D]: gate rows then up rows
-    wdown: torch.Tensor  # [D, F]
+    wgu: Mat  # [2 F, D]: gate rows then up rows
+    wdown: Mat  # [D, F]
 
 
-def linear_fixed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torch.Tensor:
+    if m.w16 is not None and x.shape[0] == 1:
+        out = F.linear(x.to(torch.bfloat16), m.w16).to(x.dtype)
+        return out + b if b is not None else out
+    return F.linear(x, m.w, b)
+
+
+def linear_fixed(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T in fixed [ROW_BLOCK, K] blocks, so a row's result never depends on the others:
     BLAS picks kernels (and reduction orders) by the shape, and here the shape never changes."""
     T = x.shape[0]
     pad = -T % ROW_BLOCK
     if pad:
         x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    out = torch.cat([F.linear(blk, w) for blk in x.split(ROW_BLOCK)])[:T]
+    out = torch.cat([F.linear(blk, m.w) for blk in x.split(ROW_BLOCK)])[:T]
     return out + b if b is not None else out
 
 
 class Llama:
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, deterministic: bool = False):
+                 device: torch.device, deterministic: bool = False, native_bf16: bool = True):
+        # bf16 asked of a CPU without native bf16: compute in fp32, bf16 copies for GEMV.
+        gemv16 = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16 and not deterministic
+        if dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16:
+            dtype = torch.float32
         self.cfg, self.dtype, self.device = cfg, dtype, device
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+        mat = lambda t: Mat(put(t), gemv16)  # noqa: E731
         self.embed = put(tensors["embed"])  # [V, D]
         self.norm = put(tensors["norm"])
-        self.lm_head = self.embed if cfg.tie_embeddings else put(tensors["lm_head"])  # [V, D]
+        self.lm_head = Mat(self.embed, gemv16) if cfg.tie_embeddings else mat(tensors["lm_head"])  # [V, D]
         self.layers: list[Layer] = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
             t = lambda name: tensors[p + name]  # noqa: E731
             bias = torch.cat([t("q_bias"), t("k_bias"), t("v_bias")]) if cfg.attention_bias else None
             self.layers.append(Layer(
-                attn_norm=put(t("attn_norm")), wqkv=put(torch.cat([t("q"), t("k"), t("v")])),
-                bqkv=put(bias) if bias is not None else None, wo=put(t("o")), ffn_norm=put(t("ffn_norm")),
-                wgu=put(torch.cat([t("gate"), t("up")])), wdown=put(t("down")),
+                attn_norm=put(t("attn_norm")), wqkv=mat(torch.cat([t("q"), t("k"), t("v")])),
+                bqkv=put(bias) if bias is not None else None, wo=mat(t("o")), ffn_norm=put(t("ffn_norm")),
+                wgu=mat(torch.cat([t("gate"), t("up")])), wdown=mat(t("down")),
             ))
         inv = cfg.inv_freq(tensors.get("rope_freqs"))
         # RoPE tables [max_position, d] in float32, as transformers computes them (one product each).
@@ -65,7 +89,7 @@ class Llama:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
         self.deterministic = deterministic
-        self.linear = linear_fixed if deterministic else F.linear
+        self.linear = linear_fixed if deterministic else linear
         self.attend = attend_fixed if deterministic else attend
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -93,7 +117,7 @@ class Llama:
         sin = self.sin.index_select(0, meta.positions)[:, None]
         for li, L in enumerate(self.layers):
             h = self.rms_norm(x, L.attn_norm)
-            qkv = lin(h, L.wqkv, L.bqkv) if self.deterministic else F.linear(h, L.wqkv, L.bqkv)
+            qkv = lin(h, L.wqkv, L.bqkv)
             q = qkv[:, : H * d].view(T, H, d)
             k = qkv[:, H * d: (H + Hkv) * d].view(T, Hkv, d)
             v = qkv[:, (H + Hkv) * d:].view(T, Hkv, d)

@@ -69,12 +69,13 @@ class TorchRuntime:
         if self.tokenizer.vocab_size > cfg.vocab_size:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")
         self.cfg = cfg
-        self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic)
+        self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic, native_bf16=cpu_has_native_bf16())
         del tensors
         self.deterministic = deterministic
-        cell_bytes = 2 * cfg.n_layers * cfg.kv_size * torch.tensor([], dtype=self.dtype).element_size()
+        act = self.model.dtype  # activations and KV (fp32 when bf16 is only used for GEMV)
+        cell_bytes = 2 * cfg.n_layers * cfg.kv_size * torch.tensor([], dtype=act).element_size()
         n_blocks = max(1, kv_cache_mb * 2**20 // (cell_bytes * page))
-        self.kv = PagedKV(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n_blocks, page, self.dtype, self.device)
+        self.kv = PagedKV(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n_blocks, page, act, self.device)
         seq_cap = min(max_seq_len, cfg.max_position, cfg.sliding_window or cfg.max_position)
         self.desc = RuntimeDesc(
             runtime_id=f"torch:{path.name}:{str(self.dtype).removeprefix('torch.')}" + (":det" if deterministic else ""),
