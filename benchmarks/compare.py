@@ -171,7 +171,12 @@ def warm_up(server: Server, args) -> None:
 
 
 def requests_for(c: int, args) -> int:
-    return args.num_requests if args.num_requests else {1: 16, 8: 32}.get(c, max(64, 2 * c))
+    """--num-requests: one count for every concurrency, or one per concurrency (same order)."""
+    if not args.num_requests:
+        return {1: 16, 8: 32}.get(c, max(64, 2 * c))
+    if len(args.num_requests) == 1:
+        return args.num_requests[0]
+    return args.num_requests[args.concurrency.index(c)]
 
 
 def run_matrix(servers: list[Server], args) -> list[dict]:
@@ -334,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="give each llama-server slot its own ctx/np tokens instead of one shared KV buffer")
     ap.add_argument("--concurrency", default="1,8,32", help="comma-separated")
     ap.add_argument("--datasets", default="chat,grounded,json,shared-prefix", help="comma-separated")
-    ap.add_argument("--num-requests", type=int, default=0, help="per run (default: 16 at c=1, 32 at c=8, 2c above)")
+    ap.add_argument("--num-requests", default="", help="per run: N, or N1,N2,... one per concurrency "
+                    "(default: 16 at c=1, 32 at c=8, max(64, 2c) above)")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="A/B rounds; medians over them")
     ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
@@ -354,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.concurrency = [int(x) for x in args.concurrency.split(",") if x]
     args.datasets = [x for x in args.datasets.split(",") if x]
+    args.num_requests = [int(x) for x in args.num_requests.split(",") if x]
+    if len(args.num_requests) not in (0, 1, len(args.concurrency)):
+        ap.error("--num-requests: one count, or one per concurrency")
 
     from superfluid.models import resolve_model
 
