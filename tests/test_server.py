@@ -292,3 +292,32 @@ def test_client_disconnect_aborts_the_stream():
         sched = engine.engine.scheduler
         assert not sched.has_work(), "the aborted request's lane was retired"
         assert sched.stats.generation_tokens < 400
+
+
+# ------------------------------------------------------------------ a worker process runs the model
+
+
+def test_worker_crash_is_replayed_to_the_same_text():
+    """The runtime in a worker process: /health names the worker's pid; a worker that
+    dies mid-generation is replaced and its requests finish with the same text."""
+    import os
+
+    engine = build_engine(EngineConfig(runtime="toy", model=MODEL, worker=True))
+    with TestClient(create_app(AsyncEngine(engine))) as c:
+        pid = c.get("/health").json()["pid"]
+        assert pid != os.getpid()
+        body = chat_body(n=2, seed=5, temperature=0.9, max_tokens=200, ignore_eos=True)
+        want = c.post("/v1/chat/completions", json=body).json()
+        real_step = engine.step
+        calls = {"n": 0}
+
+        def step_then_kill():
+            calls["n"] += 1
+            if calls["n"] == 3:
+                engine.ex.kill()
+            return real_step()
+
+        engine.step = step_then_kill
+        got = c.post("/v1/chat/completions", json=body).json()
+        assert [ch["message"]["content"] for ch in got["choices"]] == [ch["message"]["content"] for ch in want["choices"]]
+        assert c.get("/health").json()["pid"] not in (pid, os.getpid())

@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
-from .engine import Engine
+from .engine import Engine, _is_worker_loss
 from .outputs import Delta
 from .params import SamplingParams
 
@@ -63,7 +62,6 @@ class AsyncEngine:
         self.engine = engine
         self.max_queued = max_queued
         self.observer = observer
-        self.pid = os.getpid()  # the process that runs the model
         self._inbox: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}  # loop thread only
@@ -86,6 +84,12 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        self.engine.close()
+
+    @property
+    def pid(self) -> int:
+        """The process that runs the model (a worker's, or this one)."""
+        return self.engine.model_pid
 
     @property
     def alive(self) -> bool:
@@ -159,7 +163,13 @@ class AsyncEngine:
                 continue
             _, rid, ids, params, stream = item
             try:
-                self.engine.add_request(rid, ids, params)
+                try:
+                    self.engine.add_request(rid, ids, params)
+                except Exception as e:
+                    if not _is_worker_loss(e):
+                        raise
+                    self.engine._recover_or_fail(e)  # then once more, on the clean worker
+                    self.engine.add_request(rid, ids, params)
             except Exception as e:
                 _settle(stream, error=e)
                 continue

@@ -30,4 +30,5 @@ class EngineConfig:
     max_queued_requests: int = 256  # waiting requests beyond which new ones are refused
     max_n: int = 16  # the largest n a request may ask for
     progress: bool = False  # a progress bar while weights load
+    worker: bool = False  # run the runtime in a supervised worker process
     scheduler: SchedulerConfig = SchedulerConfig()

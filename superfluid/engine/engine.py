@@ -9,6 +9,7 @@ thread-safe.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -18,6 +19,15 @@ from .outputs import Delta
 from .params import ParamError, SamplingParams
 from .request import FinishReason, Request, rng_base
 from .scheduler import Scheduler
+
+log = logging.getLogger("superfluid.engine")
+
+
+def _is_worker_loss(e: Exception) -> bool:
+    # Imported lazily: the worker package is only needed when a worker runs the model.
+    from ..worker.client import WorkerLost
+
+    return isinstance(e, WorkerLost)
 
 
 class Engine:
@@ -101,6 +111,32 @@ class Engine:
             self.scheduler.add(req)
         return reqs
 
+    def recover(self) -> None:
+        """After the executor's worker was lost: start a clean one and re-admit every
+        live request (same tokens, same rng base, decode replay), with new handles."""
+        self.ex.restart()
+        for req in self.scheduler.lanes_lost():
+            p = req.params
+            req.logit_bias_handle = req.grammar_handle = 0
+            if p.logit_bias:
+                req.logit_bias_handle = self.ex.register_logit_bias({int(k): float(v) for k, v in p.logit_bias.items()})
+            if p.grammar is not None:
+                req.grammar_handle = self.ex.compile_grammar(p.grammar.kind, p.grammar.source)
+
+    def close(self) -> None:
+        """Stop the model's worker process, if one runs it."""
+        from ..worker.client import WorkerClient
+
+        if isinstance(self.ex, WorkerClient):
+            self.ex.close()
+
+    @property
+    def model_pid(self) -> int:
+        """The process that runs the model: the worker's, or this one."""
+        import os
+
+        return getattr(self.ex, "pid", None) or os.getpid()
+
     def _compile(self, kind: str, source: str) -> int:
         try:
             return self.ex.compile_grammar(kind, source)
@@ -121,6 +157,9 @@ class Engine:
         try:
             updates = self.scheduler.step(on_token)
         except Exception as e:
+            if _is_worker_loss(e):
+                self._recover_or_fail(e)
+                return self._out
             self._fail_all(f"engine error: {e}")
             raise
         for u in updates:
@@ -168,6 +207,14 @@ class Engine:
         self._out.append(delta)
         if self.on_delta is not None:
             self.on_delta(delta)
+
+    def _recover_or_fail(self, lost: Exception) -> None:
+        log.warning("the model worker was lost (%s); starting a clean one and replaying its requests", lost)
+        try:
+            self.recover()
+        except Exception as e:  # restarts ran out, or the model no longer loads
+            log.error("the model worker cannot be restarted: %s", e)
+            self._fail_all(f"the model worker failed: {e}")
 
     def _fail_all(self, message: str) -> None:
         for reqs in list(self._groups.values()):

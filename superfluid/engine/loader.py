@@ -1,55 +1,69 @@
-"""Build an engine from an ``EngineConfig``: a small registry of runtimes.
+"""Build an engine from an ``EngineConfig``.
 
-Each builder returns ``(runtime, tokenizer, model_name)``. The torch builder
-imports its runtime lazily so that the toy path (tests, CI without weights) never
-pays for loading it.
+The runtime runs either in this process (``LLM``, tests) or in a worker process
+(``superfluid serve``; DESIGN §7): then the executor is a ``WorkerClient`` proxy,
+the rings are shared memory, and a worker that dies is replaced and its requests
+replayed (``Engine.recover``). Either way the runtime is built by name from
+``runtimes.registry`` with the same arguments.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any
 
-from ..rings import Rings
 from .config import EngineConfig
 from .engine import Engine
 
 
-def _toy(config: EngineConfig):
-    from ..runtimes.toy import ToyRuntime
+def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
+    """(registry kind, keyword arguments, model name) for the config's runtime."""
+    kw: dict[str, Any] = {}
+    if config.runtime == "toy":
+        if config.max_batch:
+            kw["max_batch"] = config.max_batch
+        if config.kv_cache_mb:
+            kw["n_cells"] = max(64, config.kv_cache_mb * (1 << 20) // 64)  # the toy's cell is 64 bytes
+        return "toy", kw, config.model or "toy"
+    if config.runtime == "torch":
+        from ..models import DEFAULT_MODEL
 
-    kw = {}
-    if config.max_batch:
-        kw["max_batch"] = config.max_batch
-    if config.kv_cache_mb:
-        kw["n_cells"] = max(64, config.kv_cache_mb * (1 << 20) // 64)  # the toy's cell is 64 bytes
-    rt = ToyRuntime(**kw)
-    return rt, rt.tokenizer, config.model or "toy"
-
-
-def _torch(config: EngineConfig):
-    from ..models import DEFAULT_MODEL
-    from ..runtimes.torch import TorchRuntime
-
-    name = config.model or DEFAULT_MODEL
-    kw = dict(dtype=config.dtype, deterministic=config.deterministic, progress=config.progress)
-    if config.kv_cache_mb:
-        kw["kv_cache_mb"] = config.kv_cache_mb
-    if config.max_batch:
-        kw["max_batch"] = config.max_batch
-    rt = TorchRuntime(model=name, **kw)  # resolves the name or path; loads weights and tokenizer
-    return rt, rt.tokenizer, name
+        name = config.model or DEFAULT_MODEL
+        kw = dict(model=name, dtype=config.dtype, deterministic=config.deterministic, progress=config.progress)
+        if config.kv_cache_mb:
+            kw["kv_cache_mb"] = config.kv_cache_mb
+        if config.max_batch:
+            kw["max_batch"] = config.max_batch
+        return "torch", kw, name
+    raise ValueError(f"unknown runtime {config.runtime!r} (choose from toy, torch)")
 
 
-RUNTIMES: dict[str, Callable] = {"toy": _toy, "torch": _torch}
+def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
+    """The tokenizer without the weights (the worker holds those)."""
+    if kind == "toy":
+        from ..runtimes.toy_vocab import ToyTokenizer
+
+        return ToyTokenizer(vocab_size)
+    from ..models import resolve_model
+    from ..tokenizer import Tokenizer
+
+    path = resolve_model(kw["model"])
+    return Tokenizer.from_gguf(path) if path.suffix == ".gguf" else Tokenizer.from_hf(path)
 
 
 def build_engine(config: EngineConfig) -> Engine:
-    from ..executor import Executor
+    kind, kw, name = runtime_args(config)
+    if config.worker:
+        from ..worker.client import WorkerClient, WorkerConfig
 
-    builder = RUNTIMES.get(config.runtime)
-    if builder is None:
-        raise ValueError(f"unknown runtime {config.runtime!r} (choose from {', '.join(RUNTIMES)})")
-    runtime, tokenizer, name = builder(config)
+        client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items())))
+        client.start()
+        tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
+        return Engine(client, client.rings, tokenizer, config, model_name=name)
+
+    from ..executor import Executor
+    from ..rings import Rings
+    from ..runtimes.registry import build_runtime
+
+    runtime = build_runtime(kind, **kw)
     rings = Rings(runtime.desc.vocab_size)
-    executor = Executor(runtime, rings)
-    return Engine(executor, rings, tokenizer, config, model_name=name)
+    return Engine(Executor(runtime, rings), rings, runtime.tokenizer, config, model_name=name)

@@ -348,6 +348,21 @@ class Scheduler:
             return limits
         raise SchedulerError("NeedsReplan with nothing left to give up")
 
+    def lanes_lost(self) -> list[Request]:
+        """The executor is gone (its worker died) and a clean one took its place:
+        every lane and handle is lost, no request is. Running requests go back to the
+        queue to be re-admitted with their tokens replayed; returns every live
+        request, whose handles the engine registers anew."""
+        live = [r for r in self.running.values() if not r.is_finished]
+        self.running.clear()
+        self._orphans = []
+        self._orphan_cells = 0
+        self._free_cells = None
+        for req in live:
+            req.lane_tag = None
+            self._requeue(req)
+        return list(self.waiting)
+
     def _fail(self, req: Request, message: str) -> None:
         self.finish(req, FinishReason.ERROR, message)
         self._failed.append(req)
@@ -377,9 +392,12 @@ class Scheduler:
     def _release_handles(self, req: Request) -> None:
         # The executor copied the bias into the lane and borrowed the grammar with a
         # lane handle of its own, so the owner's handles may go while the lane lives.
-        if req.logit_bias_handle:
-            self.ex.release_logit_bias(req.logit_bias_handle)
-            req.logit_bias_handle = 0
-        if req.grammar_handle:
-            self.ex.release_grammar(req.grammar_handle)
-            req.grammar_handle = 0
+        bias, grammar = req.logit_bias_handle, req.grammar_handle
+        req.logit_bias_handle = req.grammar_handle = 0
+        try:
+            if bias:
+                self.ex.release_logit_bias(bias)
+            if grammar:
+                self.ex.release_grammar(grammar)
+        except Exception:  # a lost worker took its handles with it; the next step recovers
+            pass
