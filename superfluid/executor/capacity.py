@@ -57,10 +57,10 @@ def check_capacity(ex: "Executor", plan: TickPlan, chk: Checked) -> Capacity:
 
     cap = Capacity()
     cut_back = 0
+    page = max(desc.page, 1) if not desc.exact_only else 1
     if desc.takeover_preferred:
         # Only a seed that keeps the whole previous prompt (the next turn) takes the
         # entry over; a fork copies and leaves it for its siblings.
-        page = desc.page
         for a in seeded_admits:
             e = entry(a)
             if e is None or keep(a) < e.prompt // page * page:
@@ -78,11 +78,15 @@ def check_capacity(ex: "Executor", plan: TickPlan, chk: Checked) -> Capacity:
         e = entry(a)
         if e is None or a.seed_handle in cap.taken_over:
             continue
+        # A paged copy takes whole pages; a sharing one copies only its partial last page.
+        pages = -(-keep(a) // page) * page
         if e.seq is None:
-            seeded += keep(a)
+            seeded += pages
             import_excess = max(import_excess, len(e.tokens) - keep(a))
         elif not desc.copy_shares_cells:
-            seeded += keep(a)
+            seeded += pages
+        elif keep(a) % page:
+            seeded += page
     needed = max(seeded + max(chk.prefill_tokens + chk.decode_rounds, import_excess) + publishing - cut_back, 0)
 
     mem = ex.prim.mem_counters()

@@ -238,6 +238,8 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
             seq = lease.taken_seq
         else:
             seq = _seed_copy(ex, st, a, lease, n - 1 if full else n)
+            if seq is None:
+                return
         if full:
             pending = lease.prefix[-1]
         prefilled = n
@@ -288,7 +290,7 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
     )
 
 
-def _seed_copy(ex: "Executor", st: TickState, a, lease, copy_len: int) -> int:
+def _seed_copy(ex: "Executor", st: TickState, a, lease, copy_len: int) -> int | None:
     """The lane's own sequence from the seed's entry: copied in the pool, or imported
     from host memory and cut to the seed. A failed import prefills afresh: state
     lost, not a request lost."""
@@ -299,6 +301,7 @@ def _seed_copy(ex: "Executor", st: TickState, a, lease, copy_len: int) -> int:
     e = ex.cache.get(lease.entry_id)
     out_of_pool = e.seq is None
     placed = True
+    code = None
     try:
         if copy_len == 0:
             pass
@@ -309,9 +312,19 @@ def _seed_copy(ex: "Executor", st: TickState, a, lease, copy_len: int) -> int:
                 ex.prim.seq_truncate(seq, copy_len)
         else:
             ex.prim.seq_copy(e.seq, seq, copy_len)
-    except PrimError:
+    except PrimError as err:
         placed = False
+        code = lane_fault_code(err)
     e.pins = max(e.pins - 1, 0)
+    if not placed and not out_of_pool and code is not None:
+        # The pool could not hold the copy after all (the check counts tokens, the
+        # runtime allocates blocks): the lane faults, the entry stays.
+        ex.prim.seq_free(seq)
+        st.admit_results.append(AdmitResult(a.lane_tag, AdmitStatus.ADMITTED, 0, 0, Exactness.SEED_PATH_INVARIANT))
+        st.faulted.add(a.lane_tag)
+        st.faults.append(LaneFault(a.lane_tag, code, 0))
+        ex.faulted.add(a.lane_tag)
+        return None
     if not placed:
         afresh = False
         if out_of_pool:
