@@ -82,14 +82,16 @@ class Tokenizer:
     # ---------------------------------------------------------------- builders
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+    def from_gguf(cls, path: str | Path, reader=None) -> "Tokenizer":
+        """``reader``: an open gguf.GGUFReader of the same file, to avoid parsing it twice."""
         from gguf import GGUFReader
 
         path = Path(path)
-        try:
-            reader = GGUFReader(path)
-        except Exception as e:
-            raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+        if reader is None:
+            try:
+                reader = GGUFReader(path)
+            except Exception as e:
+                raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
 
         def get(key, default=None):
             f = reader.fields.get(f"tokenizer.{key}")

@@ -306,3 +306,15 @@ def test_resolve_model(tiny_dir):
     assert p.suffix == ".gguf" and p.is_file() and "SmolLM2" in p.name
     assert resolve_model(tiny_dir / "llama.gguf") == tiny_dir / "llama.gguf"
     assert resolve_model(str(tiny_dir / "llama.gguf")) == tiny_dir / "llama.gguf"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu(tiny_dir, rt):
+    rc = TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", device="cuda", kv_cache_mb=4)
+    for r in (rc, rt):
+        r._out = []
+        a, b = prefill(r, PROMPT)[0], prefill(r, PROMPT[:5])[0]
+        r._out = np.stack(r.step([Feed(a, [1, 2, 3], True), Feed(b, [4], True)]))
+        r.seq_free(a)
+        r.seq_free(b)
+    assert np.abs(rc._out - rt._out).max() < 1e-3

@@ -118,10 +118,11 @@ def _tensor(t, path: Path) -> np.ndarray:
         raise ModelLoadError(f"{path}: tensor {t.name!r} is unreadable ({type(e).__name__}: {e})") from e
 
 
-def load_gguf(path: Path, progress: bool = False) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = None
+              ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, canonical name -> float32 tensor). Raises ModelLoadError naming file and tensor."""
     path = Path(path)
-    reader = open_gguf(path)
+    reader = reader or open_gguf(path)
     cfg = read_config(reader, path)
     names: dict[str, str] = {}
     out: dict[str, torch.Tensor] = {}

@@ -20,7 +20,7 @@ from ...models import DEFAULT_MODEL, ModelLoadError, resolve_model
 from ...tokenizer import Tokenizer
 from ..base import Feed, MemCounters, OutOfBoundary, RuntimeDesc, SampleSpec, Vocabulary
 from .attention import KEY_BLOCK, build_meta
-from .gguf_weights import load_gguf
+from .gguf_weights import load_gguf, open_gguf
 from .hf_weights import load_hf
 from .llama import Llama
 from .paged import PagedKV
@@ -51,8 +51,9 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
 def load_model(path: Path, progress: bool = False):
     """(config, tensors, tokenizer) from a .gguf file or a Hugging Face folder."""
     if path.suffix == ".gguf":
-        cfg, tensors = load_gguf(path, progress)
-        return cfg, tensors, Tokenizer.from_gguf(path)
+        reader = open_gguf(path)
+        cfg, tensors = load_gguf(path, progress, reader)
+        return cfg, tensors, Tokenizer.from_gguf(path, reader)
     cfg, tensors = load_hf(path, progress)
     return cfg, tensors, Tokenizer.from_hf(path)
 
