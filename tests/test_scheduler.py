@@ -321,3 +321,50 @@ def test_hand_made_needs_replan_then_shed_chunk():
     assert r1.prefilled == 10 and r2.lane_tag is None
     s.step()  # NeedsReplan again: drops r2's admission, keeps r1's chunk
     assert ex.plans[-1].admits == [] and r1.prefilled == 40  # the re-plan without r2 went through
+
+
+def test_hand_made_needs_replan_cuts_rounds_then_preempts_the_newest():
+    from superfluid.engine.request import Request, Status
+    from superfluid.engine.scheduler import Scheduler
+    from superfluid.runtimes.base import RuntimeDesc
+
+    desc = RuntimeDesc("fake", vocab_size=100, max_batch=4, max_seq_len=256)
+    rings = Rings(100)
+
+    def emit_one(plan):
+        rings.begin_output()
+        emits = [abi.LaneEmit(d.lane_tag, rings.write_tokens([7]), 1, 0, abi.RingRef(), abi.SpecStats()) for d in plan.decodes]
+        return _events(plan, emits=emits)
+
+    def eight_rounds_do_not_fit(plan):
+        assert {d.max_new_tokens for d in plan.decodes} == {8}
+        return abi.TickOutcome(abi.Status.NEEDS_REPLAN)
+
+    def one_round_does_not_fit(plan):
+        assert {d.max_new_tokens for d in plan.decodes} == {1}
+        return abi.TickOutcome(abi.Status.NEEDS_REPLAN)
+
+    def after_preemption(plan):
+        (retire,) = plan.retires
+        assert retire.lane_tag == tags["new"] and not retire.publish_to_cache
+        assert [d.lane_tag for d in plan.decodes] == [tags["old"]]
+        return emit_one(plan)
+
+    ex = FakeExecutor(desc, [emit_one, eight_rounds_do_not_fit, one_round_does_not_fit, after_preemption])
+    s = Scheduler(ex, rings, SchedulerConfig(max_rounds=8))
+    p = SamplingParams(temperature=0, max_tokens=50)
+    old = Request("old", [1, 2, 3], p, max_new_tokens=50, arrival=1.0)
+    new = Request("new", [4, 5, 6], p, max_new_tokens=50, arrival=2.0)
+    s.add(old)
+    s.add(new)
+    s.step()  # both admitted, prefilled, one token each
+    tags = {"old": old.lane_tag, "new": new.lane_tag}
+    s.step()
+    assert new.status is Status.WAITING and new.output_token_ids == [7] and new.num_preemptions == 1
+    assert old.output_token_ids == [7, 7]
+    # the preempted request comes back with its token replayed
+    ex.script.append(lambda plan: emit_one(plan))
+    s.step()
+    (adm,) = ex.plans[-1].admits
+    assert adm.decode_replay == 1 and adm.rng_counter_base == new.rng_base
+    assert ex.plans[-1].decodes[-1].max_new_tokens >= 2  # the replay and a new token

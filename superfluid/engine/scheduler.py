@@ -140,6 +140,7 @@ class Scheduler:
                 # The last events say the running lanes will not all fit another round:
                 # preempt now rather than let the runtime fault them mid-tick.
                 self._preempt(max(live, key=lambda r: r.priority_key))
+                limits.max_admits = 0  # not this tick: the preempted request would come right back
                 continue
             self.rings.set_latency_wanted(tick.latency_sensitive)
             streamed: dict[int, int] = {}
@@ -342,6 +343,7 @@ class Scheduler:
             return limits
         if len(live) > 1:
             self._preempt(max(live, key=lambda r: r.priority_key))
+            limits.max_admits = 0  # not this tick: the preempted request would come right back
             return limits
         if live:
             self._fail(live[0], "the request does not fit in the KV cache")
