@@ -318,3 +318,21 @@ def test_cuda_matches_cpu(tiny_dir, rt):
         r.seq_free(a)
         r.seq_free(b)
     assert np.abs(rc._out - rt._out).max() < 1e-3
+
+
+def test_deterministic_long_prompt_chunking_is_exact(det):
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(3, 260, 150).tolist()  # spans three key blocks
+    s, whole = prefill(det, prompt)
+    det.seq_free(s)
+    for chunks in ([64, 50, 36], [100, 1, 1, 48], [7] * 21 + [3]):
+        s, row = prefill(det, prompt, chunks)
+        np.testing.assert_array_equal(row, whole)
+        # and alongside an unrelated prefill in the same step
+        other = det.seq_create()
+        rows = det.step([Feed(other, prompt[:90], True), Feed(s, [5], True)])
+        s2, _ = prefill(det, prompt)
+        (alone,) = det.step([Feed(s2, [5], True)])
+        np.testing.assert_array_equal(rows[1], alone)
+        for x in (s, other, s2):
+            det.seq_free(x)

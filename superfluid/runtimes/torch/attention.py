@@ -8,10 +8,10 @@ Two kernels:
   a mask; each longer feed (a prefill chunk) runs its own SDPA over its keys with a
   causal mask offset by what the sequence already held.
 - ``attend_fixed`` (batch-invariant): online softmax over fixed blocks of KEY_BLOCK keys
-  at fixed absolute positions, with elementwise products and reductions over fixed-size
-  dims only, so a query row's result depends on its own keys and nothing else — not on
-  B, on how many queries share the step, nor on how the prompt was chunked. Blocks past a
-  query's position are fully masked and leave its running (max, sum, acc) bit-identical.
+  at fixed absolute positions, queries in blocks of QUERY_BLOCK rows, every matmul of one
+  fixed per-item shape, so a query row's result depends on its own keys and nothing else —
+  not on B, on how many queries share the step, nor on how the prompt was chunked. Blocks
+  past a query's position are fully masked and leave its running (max, sum, acc) bit-identical.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 KEY_BLOCK = 64
+QUERY_BLOCK = 16
 
 
 @dataclass
@@ -104,37 +105,46 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) 
 
 
 def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) -> torch.Tensor:
-    """Batch-invariant attention (see module doc). q: [T, H, d] -> [T, H, d] in float32."""
+    """Batch-invariant attention (see module doc). q: [T, H, d] -> [T, H, d].
+
+    Every product is a batched matmul whose per-item shape never changes: [QUERY_BLOCK, d] x
+    [d, KEY_BLOCK] for scores and [QUERY_BLOCK, KEY_BLOCK] x [KEY_BLOCK, d] for values, so BLAS
+    runs the same kernel (and reduction order) on a query row whatever shares its block."""
     T, H, d = q.shape
-    B, nq = len(meta.q_lens), max(meta.q_lens)
-    group = H // kc.shape[1]
-    # Pad queries per feed: Q [B, nq, H, d], qpos [B, nq]; padding rows get position -1 (masked,
-    # but key 0 is always visible to real rows, so real rows never see an all-masked block 0).
+    Hkv = kc.shape[1]
+    group = H // Hkv
+    QB = QUERY_BLOCK
+    # Queries per feed padded to QB rows: Q [B, nb, QB, H, d]; qpos [B, nb, QB] (padding: -1).
+    B, nq = len(meta.q_lens), -(-max(meta.q_lens) // QB) * QB
+    nb = nq // QB
     rows = torch.full((B, nq), T, dtype=torch.int64, device=q.device)
     for i, (o, n) in enumerate(zip(meta.offsets, meta.q_lens)):
         rows[i, :n] = torch.arange(o, o + n, device=q.device)
-    qf = torch.cat([q.float(), q.new_zeros(1, H, d, dtype=torch.float32)])[rows] * (d ** -0.5)
-    qpos = torch.cat([meta.positions, meta.positions.new_full((1,), 0)])[rows]  # [B, nq]
-    m = torch.full((B, nq, H), float("-inf"), device=q.device)
-    l = torch.zeros(B, nq, H, device=q.device)
-    acc = torch.zeros(B, nq, H, d, device=q.device)
+    qf = torch.cat([q.float(), q.new_zeros(1, H, d, dtype=torch.float32)]).index_select(0, rows.view(-1))
+    qf = qf.view(B, nb, QB, Hkv, group, d).permute(0, 3, 1, 4, 2, 5)  # [B, Hkv, nb, group, QB, d]
+    qf = (qf * (d ** -0.5)).contiguous()
+    qpos = torch.cat([meta.positions, meta.positions.new_full((1,), -1)])[rows].view(B, 1, nb, 1, QB)
+    m = torch.full((B, Hkv, nb, group, QB), float("-inf"), device=q.device)
+    l = torch.zeros(B, Hkv, nb, group, QB, device=q.device)
+    acc = torch.zeros(B, Hkv, nb, group, QB, d, device=q.device)
     L = meta.gather.shape[1]
     for j in range(0, L, KEY_BLOCK):
         blk = meta.gather[:, j: j + KEY_BLOCK]  # [B, KB] (L is padded to KEY_BLOCK)
-        kb = cells(kc, blk).float().repeat_interleave(group, dim=2)  # [B, KB, H, d]
-        vb = cells(vc, blk).float().repeat_interleave(group, dim=2)
-        s = (qf[:, :, None] * kb[:, None]).sum(-1)  # [B, nq, KB, H]
+        kb = cells(kc, blk).float().permute(0, 2, 3, 1)[:, :, None, None]  # [B, Hkv, 1, 1, d, KB]
+        vb = cells(vc, blk).float().transpose(1, 2)[:, :, None, None]  # [B, Hkv, 1, 1, KB, d]
+        s = torch.matmul(qf, kb.expand(B, Hkv, nb, group, d, KEY_BLOCK))  # [B, Hkv, nb, group, QB, KB]
         kpos = torch.arange(j, j + KEY_BLOCK, device=q.device)
-        visible = (kpos[None, None, :] <= qpos[:, :, None]) & meta.key_valid[:, None, j: j + KEY_BLOCK]
-        s = s.masked_fill(~visible[..., None], float("-inf"))
-        m_new = torch.maximum(m, s.amax(2))  # [B, nq, H]
+        visible = (kpos <= qpos[..., None]) & meta.key_valid[:, None, None, None, None, j: j + KEY_BLOCK]
+        s = s.masked_fill(~visible, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         alpha = torch.exp(m - safe)
-        p = torch.exp(s - safe[:, :, None])  # [B, nq, KB, H]
-        l = l * alpha + p.sum(2)
-        acc = acc * alpha[..., None] + (p[..., None] * vb[:, None]).sum(2)
+        p = torch.exp(s - safe[..., None])
+        l = l * alpha + p.sum(-1)
+        acc = acc * alpha[..., None] + torch.matmul(p, vb.expand(B, Hkv, nb, group, KEY_BLOCK, d))
         m = m_new
-    out = acc / l.clamp_min(1e-30)[..., None]  # [B, nq, H, d]
+    out = acc / l.clamp_min(1e-30)[..., None]  # [B, Hkv, nb, group, QB, d]
+    out = out.permute(0, 2, 4, 1, 3, 5).reshape(B, nq, H, d)
     res = torch.empty(T, H, d, dtype=torch.float32, device=q.device)
     for i, (o, n) in enumerate(zip(meta.offsets, meta.q_lens)):
         res[o: o + n] = out[i, :n]
