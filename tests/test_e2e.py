@@ -1,13 +1,11 @@
 """End to end: ``superfluid serve`` with the default model, driven by the openai client.
 
-One server for the module, started with ``--deterministic --dtype float32`` so that
-the same server answers the numerics check against transformers, the
-reproducibility checks and the concurrency check.
+One server for the module (fp32, the model in a worker process). The
+``--deterministic`` check has its own server in test_e2e_deterministic.py.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
 import os
 import socket
@@ -33,13 +31,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server():
+def start_server(*extra: str):
+    """``superfluid serve`` on a free port with the default model; yields its base URL."""
     port = _free_port()
     exe = Path(sys.executable).with_name("superfluid")
-    cmd = [str(exe), "serve", "--port", str(port), "--deterministic", "--dtype", "float32", "--log-level", "warning",
-           "--max-queued-requests", "64"]
-    log = open(ROOT / "tests" / ".e2e-server.log", "w") if os.environ.get("SUPERFLUID_E2E_LOG") else subprocess.DEVNULL
+    cmd = [str(exe), "serve", "--port", str(port), "--dtype", "float32", "--log-level", "warning",
+           "--max-queued-requests", "64", *extra]
+    log = open(ROOT / "tests" / ".e2e-server.log", "a") if os.environ.get("SUPERFLUID_E2E_LOG") else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT if log is not subprocess.DEVNULL else subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
@@ -61,6 +59,11 @@ def server():
         proc.wait(15)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from start_server()
 
 
 @pytest.fixture(scope="module")
@@ -223,19 +226,6 @@ def test_bad_completion_inputs(client):
         with pytest.raises(openai.BadRequestError) as e:
             client.completions.create(model=MODEL, prompt=prompt, max_tokens=2)
         assert e.value.response.json()["error"]["message"]
-
-
-def test_deterministic_alone_and_among_16(client):
-    kw = dict(temperature=0.8, seed=77, max_tokens=8)
-    alone = ask(client, "Invent a name for a cat.", **kw).choices[0].message.content
-    others = [f"Tell me fact number {i} about space." for i in range(15)]
-    with cf.ThreadPoolExecutor(16) as pool:
-        futs = [pool.submit(ask, client, q, temperature=0.8, seed=i, max_tokens=8) for i, q in enumerate(others)]
-        mine = pool.submit(ask, client, "Invent a name for a cat.", **kw)
-        crowd = mine.result().choices[0].message.content
-        for f in futs:
-            f.result()
-    assert crowd == alone
 
 
 def _ttft(server: str, prompt: str) -> tuple[float, int]:

@@ -44,7 +44,6 @@ class Engine:
         self._choices: dict[int, ChoiceState] = {}  # id(request) -> its text state
         self._out: list[Delta] = []
         self.on_delta: Callable[[Delta], None] | None = None  # set: deltas as they happen
-        self.on_first_token: Callable[[Request, float], None] | None = None  # TTFT hook
 
     # ------------------------------------------------------------ facts
     @property
@@ -184,8 +183,6 @@ class Engine:
     def _process(self, req: Request, state: ChoiceState, token: int, lp) -> None:
         if state.n_processed == 0 and req.first_token_time is None:
             req.first_token_time = time.monotonic()
-            if self.on_first_token is not None:
-                self.on_first_token(req, req.first_token_time - req.arrival)
         delta = state.process(token, lp)
         if delta is None:
             return
