@@ -274,7 +274,9 @@ def markdown(report: dict) -> str:
         lines += ["> **Tooling check only — not a comparison.** The superfluid side ran the *toy* runtime "
                   "(no model, no real compute); only the llama-server figures are real model figures.", ""]
     lines += [
-        f"- date: {m['date']}, git {m['git']}, host: {m['host']}",
+        f"- date: {m['date']}, git {m['git']}, host: {m['host']}, load average (1/5/15 min) at start "
+        f"{'/'.join(f'{x:.1f}' for x in m['loadavg_start'])}, at end {'/'.join(f'{x:.1f}' for x in m['loadavg_end'])}, "
+        f"wall {m['wall_s']:.0f}s",
         f"- model: `{m['model_path']}`",
         f"- superfluid: `{m['superfluid_cmd']}`",
         f"- llama-server: `{m['llama_cmd']}` ({m['llama_version']})",
@@ -388,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "datasets": args.datasets, "requests_per_concurrency": {c: requests_for(c, args) for c in args.concurrency},
         "notes": notes,
     }}
+    report["meta"]["loadavg_start"] = os.getloadavg()
     t0 = time.monotonic()
     try:
         for s in servers:
@@ -404,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
             s.stop()
     med = medians(runs)
     report["meta"]["wall_s"] = time.monotonic() - t0
+    report["meta"]["loadavg_end"] = os.getloadavg()
     report["medians"] = med
     report["comparison"] = comparisons(med, args)
     report["prefix_cache"] = prefix_summary(med)
