@@ -390,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         "datasets": args.datasets, "requests_per_concurrency": {c: requests_for(c, args) for c in args.concurrency},
         "notes": notes,
     }}
+    # SIGTERM (and SIGINT, which background shells ignore) still stops both servers via `finally`
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     report["meta"]["loadavg_start"] = os.getloadavg()
     t0 = time.monotonic()
     try:
