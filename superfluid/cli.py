@@ -19,6 +19,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deterministic", action="store_true", help="batch-invariant numerics: the same text at any load")
     p.add_argument("--prefill-budget", type=int, default=512, help="prompt tokens prefilled per tick, over all requests")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
+    p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (switches itself off where it does not pay)")
 
 
 def _config(args: argparse.Namespace, **extra) -> EngineConfig:
@@ -35,6 +36,7 @@ def _config(args: argparse.Namespace, **extra) -> EngineConfig:
             prefill_token_budget=args.prefill_budget,
             prefix_caching=not args.no_prefix_cache,
             determinism_class=1 if args.deterministic else 0,
+            speculative=args.speculative,
         ),
         **extra,
     )

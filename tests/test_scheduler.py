@@ -368,3 +368,16 @@ def test_hand_made_needs_replan_cuts_rounds_then_preempts_the_newest():
     (adm,) = ex.plans[-1].admits
     assert adm.decode_replay == 1 and adm.rng_counter_base == new.rng_base
     assert ex.plans[-1].decodes[-1].max_new_tokens >= 2  # the replay and a new token
+
+
+def test_speculative_lanes_draft_and_give_the_same_tokens():
+    text = "abcabcabcabcabcabcabcabc"  # repetitive: prompt lookup finds drafts
+    outs = []
+    for spec in (False, True):
+        eng, ex = make_engine(SchedulerConfig(speculative=spec))
+        eng.add_request("a", prompt(eng, text), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+        outs.append(run(eng)["a/0"]["ids"])
+        if spec:
+            assert all(a.strategy_slot for p in ex.accepted() for a in p.admits)
+            assert eng.scheduler.stats.spec_proposed > 0
+    assert outs[0] == outs[1]

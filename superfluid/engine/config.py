@@ -17,6 +17,7 @@ class SchedulerConfig:
     max_oom_retries: int = 8  # OOM faults a request survives (re-admitted each time)
     kv_watermark: float = 0.01  # share of the pool admissions leave free
     partial_emits: bool = True  # stream tokens as picked (PARTIAL_EMITS), not per tick
+    speculative: bool = False  # prompt-lookup drafting (the executor's gate turns it off where it does not pay)
 
 
 @dataclass(frozen=True)

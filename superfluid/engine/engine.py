@@ -39,6 +39,7 @@ class Engine:
         self.model_name = model_name or config.model or executor.desc.runtime_id
         self.desc = executor.desc
         self.scheduler = Scheduler(executor, rings, config.scheduler)
+        self._load_strategy()
         self._eos = frozenset(getattr(tokenizer, "eos_ids", ()) or ())
         self._groups: dict[str, list[Request]] = {}
         self._choices: dict[int, ChoiceState] = {}  # id(request) -> its text state
@@ -110,10 +111,17 @@ class Engine:
             self.scheduler.add(req)
         return reqs
 
+    def _load_strategy(self) -> None:
+        if self.config.scheduler.speculative:
+            from ..executor import SpecConfig
+
+            self.scheduler.planner.strategy_slot = self.ex.load_strategy(SpecConfig())
+
     def recover(self) -> None:
         """After the executor's worker was lost: start a clean one and re-admit every
         live request (same tokens, same rng base, decode replay), with new handles."""
         self.ex.restart()
+        self._load_strategy()
         for req in self.scheduler.lanes_lost():
             p = req.params
             req.logit_bias_handle = req.grammar_handle = 0

@@ -78,6 +78,7 @@ class Planner:
         self.config = config
         self.desc = desc
         self.max_running = max_running
+        self.strategy_slot = 0  # the loaded speculative strategy lanes opt into (0: none)
         self._plan_seq = 0
 
     def next_plan_seq(self) -> int:
@@ -172,6 +173,7 @@ class Planner:
                         # decode_replay, so a re-admitted lane draws where it left off.
                         rng_counter_base=req.rng_base,
                         decode_replay=replay,
+                        strategy_slot=self.strategy_slot,
                         grammar_handle=req.grammar_handle,
                         grammar_replay=replay if req.grammar_handle else 0,
                         logit_bias_handle=req.logit_bias_handle,
