@@ -62,9 +62,9 @@ def serve(args: argparse.Namespace) -> int:
         args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True, worker=not args.in_process
     )
     engine = _build(config)
-    app = create_app(AsyncEngine(engine, max_queued=config.max_queued_requests), model_name=args.served_model_name or config.model)
+    app = create_app(AsyncEngine(engine, max_queued=config.max_queued_requests), model_name=args.served_model_name or config.model, drain_s=args.drain_timeout)
     print(f"superfluid: serving {args.served_model_name or config.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout)
     return 0
 
 
@@ -166,6 +166,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-n", type=int, default=16, help="the largest n a request may ask for")
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")
     s.add_argument("--in-process", action="store_true", help="run the model in the server's process, not a supervised worker")
     s.set_defaults(func=serve)
 

@@ -77,7 +77,14 @@ class AsyncEngine:
             self._thread.start()
         return self
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, drain: float = 0.0) -> None:
+        """Stop the loop. With ``drain`` seconds, first stop admitting (DRAIN) and let
+        running requests finish for up to that long; whatever is left is aborted."""
+        if drain > 0 and self.alive:
+            self.engine.scheduler.draining = True  # read by the loop thread at its next plan
+            deadline = time.monotonic() + drain
+            while self.engine.scheduler.num_running and time.monotonic() < deadline:
+                time.sleep(0.05)
         self._stopping = True
         self._wake.set()
         self.engine.rings.request_yield(True)

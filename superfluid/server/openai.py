@@ -30,7 +30,9 @@ from .protocol import ChatCompletionRequest, CompletionRequest, chat_params, com
 DISCONNECT_POLL_S = 0.25
 
 
-def create_app(engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None) -> FastAPI:
+def create_app(
+    engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0
+) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
     tokenizer = core.tokenizer
@@ -43,7 +45,7 @@ def create_app(engine: AsyncEngine, model_name: str | None = None, metrics: Metr
     async def lifespan(_: FastAPI):
         engine.start()
         yield
-        engine.stop()
+        engine.stop(drain=drain_s)  # SIGTERM: no new admissions, running requests finish
 
     app = FastAPI(title="superfluid", lifespan=lifespan)
     app.state.engine = engine
