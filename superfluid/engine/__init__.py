@@ -1,0 +1,10 @@
+"""The engine: requests, scheduling over the tick contract, text, and the Python API.
+
+    request.py, params.py     what a generation is and what it asks for
+    planner.py, scheduler.py  requests -> TickPlans; TickEvents -> request progress
+    detokenizer.py, stop.py   text from token bytes; stop strings across tokens
+    choice.py, outputs.py     one choice's text state; vLLM-shaped outputs and deltas
+    engine.py                 the synchronous engine (one thread owns the executor)
+    async_engine.py           a loop thread behind asyncio: the server's engine
+    loader.py, llm.py         building an engine; ``LLM``
+"""
