@@ -94,6 +94,8 @@ class Llama:
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # As transformers: the statistics in float32, scaled by the weight in the model dtype.
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, w.shape, w, self.cfg.rms_eps)  # one fused op
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)
         return w * xf.to(x.dtype)
@@ -118,10 +120,9 @@ class Llama:
         for li, L in enumerate(self.layers):
             h = self.rms_norm(x, L.attn_norm)
             qkv = lin(h, L.wqkv, L.bqkv)
-            q = qkv[:, : H * d].view(T, H, d)
-            k = qkv[:, H * d: (H + Hkv) * d].view(T, Hkv, d)
+            qk = self.rope(qkv[:, : (H + Hkv) * d].view(T, H + Hkv, d), cos, sin)  # q and k heads at once
+            q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + Hkv) * d:].view(T, Hkv, d)
-            q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
             kc, vc = kv_k[li], kv_v[li]  # [S, Hkv, d]
             kc.index_copy_(0, meta.slots, k)
             vc.index_copy_(0, meta.slots, v)
