@@ -135,6 +135,10 @@ class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     seed_handle: int = 0
     determinism_class: int = 0
     want_logprobs: int = 0  # 0: none; k + 1: chosen token plus top k
+    # Cache the prompt (whole pages) as soon as its prefill completes, while the lane
+    # runs on: the other choices of an n > 1 request fork from it. (An extension of the
+    # reference, which checkpoints prompts on recurrent runtimes only.)
+    publish_prompt: bool = False
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, array_like=True):

@@ -381,3 +381,24 @@ def test_speculative_lanes_draft_and_give_the_same_tokens():
             assert all(a.strategy_slot for p in ex.accepted() for a in p.admits)
             assert eng.scheduler.stats.spec_proposed > 0
     assert outs[0] == outs[1]
+
+
+def test_n_choices_fork_from_the_first_choices_cached_prompt():
+    """n > 1 on a runtime whose copies share blocks: the prompt is prefilled once and
+    the other choices fork from it, with the same tokens as without forking."""
+    params = SamplingParams(temperature=1.0, seed=5, n=3, max_tokens=12, ignore_eos=True)
+    text = "a long enough prompt to fill several pages of the toy pool"
+    eng, ex = make_engine(copy_shares_cells=True)
+    eng.add_request("a", prompt(eng, text), params)
+    outs = run(eng)
+    plans = ex.accepted()
+    admits = [a for p in plans for a in p.admits]
+    prefilled = sum(c.token_count for p in plans for c in p.prefills)
+    n_prompt = len(prompt(eng, text))
+    assert [a.publish_prompt for a in admits] == [True, False, False]
+    assert all(a.seed_handle for a in admits[1:])
+    assert prefilled < n_prompt + 2 * ex.desc.page  # once, plus each fork's partial page
+    eng2, _ = make_engine(copy_shares_cells=False)
+    eng2.add_request("a", prompt(eng2, text), params)
+    plain = run(eng2)
+    assert [outs[f"a/{i}"]["ids"] for i in range(3)] == [plain[f"a/{i}"]["ids"] for i in range(3)]

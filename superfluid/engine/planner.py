@@ -15,7 +15,7 @@ from typing import Callable
 
 from .. import abi
 from .config import SchedulerConfig
-from .request import Request, next_lane_tag
+from .request import Request, Status, next_lane_tag
 
 MAX_GRANT = 0xFFFF  # max_new_tokens is a u16 in the reference ABI
 
@@ -140,11 +140,20 @@ class Planner:
         max_admits = len(view.waiting) if limits.max_admits is None else limits.max_admits
         n_lanes = len(live)
         blocked = False  # a waiting request could not be admitted (FCFS: none after it)
+        # n > 1: the first choice's prompt is cached as soon as it is prefilled (on a
+        # runtime whose copies share blocks), and its siblings wait for that, then fork
+        # from it instead of each prefilling the prompt.
+        forking = cfg.prefix_caching and limits.use_seeds and self.desc.copy_shares_cells and not self.desc.exact_only
+        leaders = {r.group_id: r for r in list(view.waiting) + live if r.index == 0 and r.group_id}
+        siblings = {r.group_id for r in view.waiting if r.index > 0}
         if not view.draining and not tick.short_of_cells:
             for req in view.waiting:
                 if len(admits) >= max_admits or n_lanes >= self.max_running:
                     blocked = True
                     break
+                lead = leaders.get(req.group_id) if forking and req.index > 0 and not req.output_token_ids else None
+                if lead is not None and not lead.is_finished and (lead.status is Status.WAITING or not lead.prefill_done):
+                    continue  # forks once the first choice's prompt is cached
                 history = req.history
                 seed = lease(req) if (cfg.prefix_caching and limits.use_seeds) else None
                 prefix = seed.prefix_len if seed else 0
@@ -180,6 +189,7 @@ class Planner:
                         seed_handle=seed.handle if seed else 0,
                         determinism_class=cfg.determinism_class,
                         want_logprobs=p.want_logprobs(),
+                        publish_prompt=forking and req.index == 0 and req.group_id in siblings,
                     )
                 )
                 tick.admissions.append(Admission(req, tag, seed, prefill_end, len(history) - prefill_end))

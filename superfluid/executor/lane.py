@@ -29,6 +29,7 @@ class Lane:
     logprobs_top: int | None = None  # top-k logprobs wanted (0: the chosen token's only)
     grammar: object | None = None  # grammar.LaneGrammar
     spec: object | None = None  # speculate.LaneSpec
+    publish_prompt: bool = False  # cache the prompt once prefilled (forks share it)
 
     def ingested(self) -> int:
         return len(self.committed) - (self.pending_input is not None)

@@ -53,14 +53,17 @@ def _step_cap(ex: "Executor") -> int:
     return n
 
 
-def checkpoint_prompt(ex: "Executor", tag: int) -> None:
-    """A copy of the lane's state where its prompt ends, less the held-back token."""
+def checkpoint_prompt(ex: "Executor", tag: int, min_tokens: int = CHECKPOINT_MIN_TOKENS) -> None:
+    """A copy of the lane's state where its prompt ends, less the held-back token
+    (whole pages of it on a paged runtime, where a copy shares the blocks)."""
     lane = ex.lanes.get(tag)
     if lane is None:
         return
     n = lane.ingested()
+    if not ex.desc.exact_only:
+        n = n // ex.page() * ex.page()
     tokens = lane.committed[:n]
-    if n < CHECKPOINT_MIN_TOKENS or ex.cache.find_tokens(tokens) is not None:
+    if n < max(min_tokens, 1) or ex.cache.find_tokens(tokens) is not None:
         return
     try:
         dst = ex.prim.seq_create()
@@ -103,6 +106,7 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
         stepped = True
         planned: list[_Planned] = []
         checkpoints: list[int] = []
+        publishes: list[int] = []  # paged lanes whose prompt forks will share
         left = step_cap
         for w in work:
             if w.next >= w.end or left == 0:
@@ -123,6 +127,8 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
             wants_row = completes and w.tag in decode_tags and not checkpoint
             if checkpoint:
                 checkpoints.append(w.tag)
+            elif completes and lane.publish_prompt and not ex.desc.exact_only:
+                publishes.append(w.tag)
             if completes and not wants_row:
                 feed += chunk[:-1]
                 lane.pending_input = chunk[-1]
@@ -150,6 +156,8 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
             st.rows[f.tag] = row
         for tag in checkpoints:
             checkpoint_prompt(ex, tag)
+        for tag in publishes:
+            checkpoint_prompt(ex, tag, min_tokens=1)
     st.prefill_ns = time.perf_counter_ns() - t0
     if ran >= LATENCY_STEP_UNIT:
         sample = st.prefill_ns / 1e9 / ran

@@ -278,6 +278,7 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
         logprobs_top=(a.want_logprobs - 1) if a.want_logprobs > 0 else None,
         grammar=ex.grammars.borrow(a.grammar_handle, cursor) if cursor is not None else None,
         spec=LaneSpec.new(ex.strategy) if drafts else None,
+        publish_prompt=a.publish_prompt,
     )
     st.admit_results.append(
         AdmitResult(
