@@ -7,7 +7,7 @@ Starts ``superfluid serve`` and ``llama-server -m MODEL -np 32 -c 16384 -kvu`` o
 ports (or uses running servers: --superfluid-url / --llama-url), waits for both to be
 healthy, warms each up, then for every concurrency (1, 8, 32) and dataset runs the same
 requests against both, alternating A/B/A/B over ``--repeats`` rounds so slow drift
-(thermal, other load) falls on both. Each round uses its own dataset seed, shared by
+(thermal, other load) falls on both. Each (concurrency, round) has its own dataset seed, shared by
 both servers, so no server sees a prompt it has cached from an earlier round. Figures are
 medians over the rounds. Then, superfluid alone, the shared-prefix dataset against its
 cache-defeating twin (a nonce at the start of each system prompt): the TTFT p50 ratio is
@@ -181,11 +181,14 @@ def requests_for(c: int, args) -> int:
 
 def run_matrix(servers: list[Server], args) -> list[dict]:
     runs = []
-    for c in args.concurrency:
+    for ci, c in enumerate(args.concurrency):
         for ds in args.datasets:
             n = requests_for(c, args)
             for rep in range(args.repeats):
-                seed = args.seed + rep
+                # a seed per (concurrency, round), shared by both servers: no run replays prompts that
+                # an earlier run left in a server's prefix cache (the first n requests of a seed are
+                # the same whatever n is)
+                seed = args.seed + 1000 * ci + rep
                 for s in servers:  # A, B, A, B: the same order every round
                     r = bench(s, ds, n, seed, c, args, f"{s.name} {ds} c={c} round {rep + 1}")
                     runs.append({"server": s.name, "concurrency": c, "dataset": ds, "round": rep, "result": r})
@@ -196,7 +199,7 @@ def run_prefix(server: Server, args) -> list[dict]:
     runs = []
     for rep in range(args.repeats):
         for ds in ("shared-prefix", "shared-prefix-nocache"):
-            r = bench(server, ds, args.prefix_requests, args.seed + rep, 1, args, f"{server.name} {ds} round {rep + 1}",
+            r = bench(server, ds, args.prefix_requests, args.seed + 100_000 + rep, 1, args, f"{server.name} {ds} round {rep + 1}",
                       output_len=args.prefix_output_len)
             # a key of its own: the matrix may run shared-prefix at c=1 with other settings
             runs.append({"server": server.name, "concurrency": 1, "dataset": f"prefix/{ds}", "round": rep, "result": r})

@@ -53,6 +53,8 @@ def test_compare_runs_ab_rounds_and_reports(two_servers, tmp_path):
     assert order == [("superfluid", 0), ("llama-server", 0), ("superfluid", 1), ("llama-server", 1)]  # A/B/A/B
     seeds = {(r["server"], r["round"]): r["result"]["seed"] for r in report["runs"][:4]}
     assert seeds[("superfluid", 0)] == seeds[("llama-server", 0)] != seeds[("superfluid", 1)]
+    matrix_seeds = {(r["concurrency"], r["round"]): r["result"]["seed"] for r in report["runs"][:16]}
+    assert len(set(matrix_seeds.values())) == 4  # a seed per (concurrency, round)
     rows = report["comparison"]
     assert len(rows) == 4
     for row in rows:
