@@ -52,19 +52,58 @@ def _build(config: EngineConfig):
 # ------------------------------------------------------------------ serve
 
 
+def _runtime_extra(items: list[str] | None) -> tuple[tuple[str, object], ...]:
+    """``KEY=VALUE`` pairs, each VALUE as JSON when it parses (numbers, booleans), else a string."""
+    import json
+
+    out = []
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--runtime-arg expects KEY=VALUE, got {item!r}")
+        try:
+            out.append((key, json.loads(value)))
+        except json.JSONDecodeError:
+            out.append((key, value))
+    return tuple(out)
+
+
+def _exit_0(signum, frame) -> None:
+    raise SystemExit(0)
+
+
 def serve(args: argparse.Namespace) -> int:
+    import signal
+
     import uvicorn
+
+    # SIGTERM is a normal stop: exit 0. While serving, uvicorn handles it (drains) and
+    # raises it again once done, which lands here instead of killing the process.
+    signal.signal(signal.SIGTERM, _exit_0)
 
     from .engine.async_engine import AsyncEngine
     from .server.openai import create_app
 
     config = _config(
-        args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True, worker=not args.in_process
+        args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True, worker=not args.in_process,
+        worker_stall_timeout=args.worker_stall_timeout, runtime_extra=_runtime_extra(args.runtime_arg),
     )
     engine = _build(config)
-    app = create_app(AsyncEngine(engine, max_queued=config.max_queued_requests), model_name=args.served_model_name or config.model, drain_s=args.drain_timeout)
+    async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
+    app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # Drain from the signal on, while uvicorn stops accepting and waits for the
+            # open responses: each ends properly (finished, or an error at the deadline)
+            # before uvicorn's own timeout would cut its connection.
+            async_engine.begin_drain(args.drain_timeout)
+            super().handle_exit(sig, frame)
+
     print(f"superfluid: serving {args.served_model_name or config.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=args.drain_timeout)
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                               timeout_graceful_shutdown=args.drain_timeout + 2.0)
+    Server(uv_config).run()
     return 0
 
 
@@ -168,6 +207,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")
     s.add_argument("--in-process", action="store_true", help="run the model in the server's process, not a supervised worker")
+    s.add_argument("--runtime-arg", action="append", metavar="KEY=VALUE",
+                   help="an extra keyword argument for the runtime (repeatable; tests: step_delay=0.02 slows the toy)")
+    s.add_argument("--worker-stall-timeout", type=float, default=60.0,
+                   help="seconds a running tick may go without a completed runtime call before the worker is replaced")
     s.set_defaults(func=serve)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text")
@@ -182,6 +225,10 @@ def parser() -> argparse.ArgumentParser:
     _engine_args(c)
     _sampling_args(c, 512)
     c.set_defaults(func=chat)
+
+    from .bench.cli import add_parsers  # superfluid bench serve | offline | dataset
+
+    add_parsers(sub)
     return ap
 
 
