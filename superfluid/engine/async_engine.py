@@ -67,6 +67,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}  # loop thread only
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._drain_deadline: float | None = None  # set by begin_drain (SIGTERM)
         self.error: BaseException | None = None
         engine.on_delta = self._deliver
 
@@ -93,9 +94,28 @@ class AsyncEngine:
             self._thread = None
         self.engine.close()
 
+    def begin_drain(self, seconds: float) -> None:
+        """Stop admitting now; requests still running ``seconds`` later end with an
+        error, and so do waiting ones at once (a draining engine admits none). Only
+        sets a field, so a signal handler may call it; the loop acts within 0.1 s or
+        at its next tick."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + seconds
+
+    def _check_drain(self) -> None:
+        deadline = self._drain_deadline
+        if deadline is None:
+            return
+        self.engine.scheduler.draining = True
+        expired = time.monotonic() >= deadline
+        for rid in list(self._streams):
+            if expired or not self.engine.is_running(rid):
+                self.engine.fail(rid, "the server is shutting down")
+
     @property
-    def pid(self) -> int:
-        """The process that runs the model (a worker's, or this one)."""
+    def pid(self) -> int | None:
+        """The process that runs the model (a worker's, or this one; None while a
+        lost worker is being replaced)."""
         return self.engine.model_pid
 
     @property
@@ -145,7 +165,9 @@ class AsyncEngine:
                 self._wake.clear()
                 self.engine.rings.request_yield(False)
                 self._drain_inbox()
+                self._check_drain()
                 if not self.engine.has_work():
+                    self.engine.check_worker()
                     self._wake.wait(0.1)
                     continue
                 try:

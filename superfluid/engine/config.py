@@ -32,4 +32,6 @@ class EngineConfig:
     max_n: int = 16  # the largest n a request may ask for
     progress: bool = False  # a progress bar while weights load
     worker: bool = False  # run the runtime in a supervised worker process
+    worker_stall_timeout: float = 60.0  # a worker whose tick sees no runtime call complete this long is replaced
+    runtime_extra: tuple[tuple[str, object], ...] = ()  # more keyword arguments for the runtime (tests: the toy's step_delay)
     scheduler: SchedulerConfig = SchedulerConfig()

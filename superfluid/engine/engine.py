@@ -17,7 +17,7 @@ from .choice import ChoiceState
 from .config import EngineConfig
 from .outputs import Delta
 from .params import ParamError, SamplingParams
-from .request import FinishReason, Request, rng_base
+from .request import FinishReason, Request, Status, rng_base
 from .scheduler import Scheduler
 
 log = logging.getLogger("superfluid.engine")
@@ -130,6 +130,17 @@ class Engine:
             if p.grammar is not None:
                 req.grammar_handle = self.ex.compile_grammar(p.grammar.kind, p.grammar.source)
 
+    def check_worker(self) -> None:
+        """Replace a worker that died while nothing ran (a tick would notice otherwise);
+        the loop calls this when idle, so that /health is ok again without a request."""
+        from ..worker.client import WorkerClient, WorkerLost
+
+        ex = self.ex
+        if isinstance(ex, WorkerClient) and ex.state == "ok" and ex.proc is not None:
+            code = ex.proc.poll()
+            if code is not None:
+                self._recover_or_fail(WorkerLost(f"the worker exited with status {code} while idle", code))
+
     def close(self) -> None:
         """Stop the model's worker process, if one runs it."""
         from ..worker.client import WorkerClient
@@ -138,17 +149,47 @@ class Engine:
             self.ex.close()
 
     @property
-    def model_pid(self) -> int:
-        """The process that runs the model: the worker's, or this one."""
+    def model_pid(self) -> int | None:
+        """The process that runs the model: the worker's (None while none runs, e.g.
+        between a lost worker and its replacement), or this one."""
         import os
 
-        return getattr(self.ex, "pid", None) or os.getpid()
+        from ..worker.client import WorkerClient
+
+        if isinstance(self.ex, WorkerClient):
+            return self.ex.pid
+        return os.getpid()
+
+    def worker_health(self) -> dict | None:
+        """The supervised worker's state (None when the model runs in this process):
+        ``state`` is ok, starting, restarting, failed or stopped; a worker that has
+        exited but is not yet replaced counts as restarting. Safe from any thread."""
+        from ..worker.client import WorkerClient
+
+        ex = self.ex
+        if not isinstance(ex, WorkerClient):
+            return None
+        state, proc = ex.state, ex.proc
+        if state == "ok" and (proc is None or proc.poll() is not None):
+            state = "restarting"  # dead, and the supervisor has not noticed yet
+        return {"state": state, "restarts": ex.restart_count, "last_exit": ex.last_exit}
 
     def _compile(self, kind: str, source: str) -> int:
         try:
             return self.ex.compile_grammar(kind, source)
         except ValueError as e:  # GrammarError is a ValueError
             raise ParamError(f"invalid {kind.replace('_', ' ')}: {e}", "response_format") from e
+
+    def fail(self, request_id: str, message: str) -> None:
+        """End a request's unfinished choices with an error (e.g. the server stops)."""
+        for req in self._groups.get(request_id, []):
+            if not req.is_finished:
+                self.scheduler.finish(req, FinishReason.ERROR, message)
+                self._finalize(req)
+
+    def is_running(self, request_id: str) -> bool:
+        """Whether some choice of the request holds a lane (is not waiting for one)."""
+        return any(r.status is Status.RUNNING for r in self._groups.get(request_id, []))
 
     def abort(self, request_id: str) -> None:
         for req in self._groups.get(request_id, []):
@@ -215,11 +256,19 @@ class Engine:
 
     def _recover_or_fail(self, lost: Exception) -> None:
         log.warning("the model worker was lost (%s); starting a clean one and replaying its requests", lost)
-        try:
-            self.recover()
-        except Exception as e:  # restarts ran out, or the model no longer loads
-            log.error("the model worker cannot be restarted: %s", e)
-            self._fail_all(f"the model worker failed: {e}")
+        while True:
+            try:
+                self.recover()
+                return
+            except Exception as e:
+                if _is_worker_loss(e):  # the new worker was lost too, while taking over: again
+                    # (the supervisor bounds restarts: WorkerFailed when they run out)
+                    log.warning("the model worker was lost again while taking over (%s); starting another", e)
+                    continue
+                # restarts ran out, or the model no longer loads
+                log.error("the model worker cannot be restarted: %s", e)
+                self._fail_all(f"the model worker failed: {e}")
+                return
 
     def _fail_all(self, message: str) -> None:
         for reqs in list(self._groups.values()):

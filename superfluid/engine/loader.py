@@ -23,6 +23,7 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
             kw["max_batch"] = config.max_batch
         if config.kv_cache_mb:
             kw["n_cells"] = max(64, config.kv_cache_mb * (1 << 20) // 64)  # the toy's cell is 64 bytes
+        kw.update(config.runtime_extra)
         return "toy", kw, config.model or "toy"
     if config.runtime == "torch":
         from ..models import DEFAULT_MODEL
@@ -33,6 +34,7 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
             kw["kv_cache_mb"] = config.kv_cache_mb
         if config.max_batch:
             kw["max_batch"] = config.max_batch
+        kw.update(config.runtime_extra)
         return "torch", kw, name
     raise ValueError(f"unknown runtime {config.runtime!r} (choose from toy, torch)")
 
@@ -55,7 +57,7 @@ def build_engine(config: EngineConfig) -> Engine:
     if config.worker:
         from ..worker.client import WorkerClient, WorkerConfig
 
-        client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items())))
+        client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout))
         client.start()
         tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
         return Engine(client, client.rings, tokenizer, config, model_name=name)

@@ -141,9 +141,16 @@ def create_app(
     # ------------------------------------------------------------ endpoints
     @app.get("/health")
     async def health():
-        ok = engine.alive
-        body = {"status": "ok" if ok else "error", "pid": engine.pid, "model": name}
-        return JSONResponse(body, status_code=200 if ok else 503)
+        # ok; degraded: the model's worker is being replaced (requests wait, then are
+        # replayed); error: the engine stopped, or the worker cannot be restarted.
+        worker = core.worker_health()
+        status = "ok" if engine.alive else "error"
+        if status == "ok" and worker is not None and worker["state"] != "ok":
+            status = "error" if worker["state"] in ("failed", "stopped") else "degraded"
+        body = {"status": status, "pid": engine.pid, "model": name}
+        if worker is not None:
+            body.update(worker=worker["state"], restarts=worker["restarts"], last_exit=worker["last_exit"])
+        return JSONResponse(body, status_code=503 if status == "error" else 200)
 
     @app.get("/v1/models")
     async def models():

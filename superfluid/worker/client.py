@@ -29,6 +29,7 @@ from . import wire
 from .shm_rings import Pulse, SharedRings
 
 POLL_SECS = 0.05
+FAIL_ENV = "SUPERFLUID_FAIL_RUNTIME"  # read by the worker (main.py); first start only
 
 
 class WorkerLost(Exception):
@@ -75,8 +76,15 @@ class WorkerClient:
         self.desc: RuntimeDesc | None = None
         self.state = "stopped"  # starting, ok, restarting, failed, stopped
         self.epoch = 0  # bumped by each (re)start: handles from older epochs are gone
-        self.restarts: list[float] = []
+        self.restarts: list[float] = []  # restart times within restart_window
+        self.restart_count = 0  # every restart since start
         self.last_exit: int | None = None
+        # A tick's partial-emit callback may end a request (max_tokens, a stop string),
+        # which releases its handles. The worker is busy with that tick and answers in
+        # order, so a call made then would take the tick's reply for its own: releases
+        # wait here until the tick's reply is in, other calls are refused.
+        self._in_tick = False
+        self._deferred: list[tuple[str, list]] = []
 
     # ------------------------------------------------------------- lifecycle
     @property
@@ -87,12 +95,17 @@ class WorkerClient:
         """Start a worker, learn its runtime, and hand it the rings (made on first start
         to the runtime's vocabulary; a restarted worker finds the same ones)."""
         self.state = "starting"
+        self._deferred = []  # handles of a lost worker went with it
         parent, child = socket.socketpair()
         runtime = json.dumps({"kind": self.config.runtime, "args": dict(self.config.runtime_args)})
         cmd = [sys.executable, "-m", "superfluid.worker", "--fd", str(child.fileno()),
                "--pulse", self.pulse.name, "--runtime", runtime]
         self.pulse.counts[:] = 0  # no beat yet: the worker is still importing
-        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], start_new_session=True)
+        env = None
+        if self.epoch > 0 and FAIL_ENV in os.environ:
+            # The failure test hook is for the first worker only: a restarted one is clean.
+            env = {k: v for k, v in os.environ.items() if k != FAIL_ENV}
+        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], start_new_session=True, env=env)
         child.close()
         self.sock = parent
         info = self._call("describe", [], timeout=self.config.load_timeout)
@@ -117,6 +130,7 @@ class WorkerClient:
                 raise WorkerFailed(f"the worker was restarted {len(self.restarts)} times in {self.config.restart_window:.0f} s")
             delay = min(self.config.backoff_first * (2 ** len(self.restarts)), self.config.backoff_max)
             self.restarts.append(time.monotonic())
+            self.restart_count += 1
             time.sleep(delay if len(self.restarts) > 1 else 0.0)
             try:
                 self.start()
@@ -205,6 +219,8 @@ class WorkerClient:
                 raise self._lost(f"no answer in {timeout:.0f} s")
 
     def _call(self, op: str, args: list, timeout: float | None = None, progress: bool = False) -> Any:
+        if self._in_tick:
+            raise RuntimeError(f"{op!r} called while a tick runs (from a partial-emit callback)")
         if self.sock is None:
             raise WorkerLost("the worker is not running")
         try:
@@ -234,29 +250,45 @@ class WorkerClient:
             wire.send(self.sock, wire.Tick(plan, on_partial_emit is not None))
         except OSError:
             raise self._lost("the worker's connection broke") from None
-        reply = self._wait(on_partial_emit, None, True)
+        self._in_tick = True
+        try:
+            reply = self._wait(on_partial_emit, None, True)
+        except WorkerLost:
+            self._deferred = []
+            raise
+        finally:
+            self._in_tick = False
         if reply.outcome is None:
             raise self._lost(f"the worker answered a tick with {reply.error!r}")
+        deferred, self._deferred = self._deferred, []
+        for op, args in deferred:
+            self._call(op, args)
         return reply.outcome
+
+    def _release(self, op: str, handle: int) -> None:
+        if self._in_tick:
+            self._deferred.append((op, [handle]))
+        else:
+            self._call(op, [handle])
 
     def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0) -> SeedHandle | None:
         got = self._call("lease_seed", [list(prompt), ttl_ticks, determinism_class])
         return None if got is None else SeedHandle(*got)
 
     def release_seed(self, handle: int) -> None:
-        self._call("release_seed", [handle])
+        self._release("release_seed", handle)
 
     def register_logit_bias(self, bias: dict[int, float]) -> int:
         return self._call("register_logit_bias", [[[int(k), float(v)] for k, v in bias.items()]])
 
     def release_logit_bias(self, handle: int) -> None:
-        self._call("release_logit_bias", [handle])
+        self._release("release_logit_bias", handle)
 
     def compile_grammar(self, kind: str, source: str | None = None) -> int:
         return self._call("compile_grammar", [kind, source])
 
     def release_grammar(self, handle: int) -> None:
-        self._call("release_grammar", [handle])
+        self._release("release_grammar", handle)
 
     def load_strategy(self, cfg=None) -> int:
         from dataclasses import asdict

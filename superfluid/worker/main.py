@@ -160,10 +160,29 @@ class Worker:
         }
 
 
-def _heartbeat(pulse) -> None:
-    while True:
+FAIL_ENV = "SUPERFLUID_FAIL_RUNTIME"
+
+
+def _fail_from_env(rt: RuntimePrimitives) -> None:
+    """Test hook from outside a server: ``SUPERFLUID_FAIL_RUNTIME="step:fatal:1:20"``
+    (primitive:mode[:times[:after]], several separated by commas) applies
+    ``fail_runtime`` to this worker's runtime. The supervisor passes it to the first
+    worker it starts only, so that the clean worker that replaces it does not fail too."""
+    spec = os.environ.get(FAIL_ENV, "").strip()
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        if len(parts) < 2 or len(parts) > 4:
+            raise SystemExit(f"{FAIL_ENV}: expected primitive:mode[:times[:after]], got {item!r}")
+        primitive, mode = parts[0], parts[1]
+        times = int(parts[2]) if len(parts) > 2 else 1
+        after = int(parts[3]) if len(parts) > 3 else 0
+        fail_runtime(rt, primitive, mode, times, after)
+
+
+def _heartbeat(pulse, stop: threading.Event) -> None:
+    while not stop.is_set():
         pulse[0] += 1
-        time.sleep(HEARTBEAT_SECS)
+        stop.wait(HEARTBEAT_SECS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,16 +194,25 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine decides when this worker ends
     sock = socket.socket(fileno=args.fd)
     pulse = Pulse(args.pulse)
-    threading.Thread(target=_heartbeat, args=(pulse.counts,), daemon=True).start()
-    spec = json.loads(args.runtime)
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(pulse.counts, stop), daemon=True)
+    beat.start()
     try:
-        runtime = build_runtime(spec["kind"], **spec.get("args", {}))
-    except Exception as e:  # a model that cannot load: say why, then exit non-zero
-        wire.send(sock, wire.Reply(error=f"{type(e).__name__}: {e}", error_kind="LoadError"))
-        return 3
-    _count_progress(runtime, pulse.counts)
-    Worker(sock, runtime).serve()
-    return 0
+        spec = json.loads(args.runtime)
+        try:
+            runtime = build_runtime(spec["kind"], **spec.get("args", {}))
+        except Exception as e:  # a model that cannot load: say why, then exit non-zero
+            wire.send(sock, wire.Reply(error=f"{type(e).__name__}: {e}", error_kind="LoadError"))
+            return 3
+        _count_progress(runtime, pulse.counts)
+        _fail_from_env(runtime)
+        Worker(sock, runtime).serve()
+        return 0
+    finally:
+        # Stop beating before the interpreter unmaps the shared counters at exit: a
+        # daemon thread still writing to them then crashed the exiting worker (SIGSEGV).
+        stop.set()
+        beat.join(1.0)
 
 
 if __name__ == "__main__":
