@@ -152,12 +152,9 @@ async def one_round(base: str, items: list[tuple]) -> list[str]:
 def test_load_with_malformed_requests_and_steady_memory():
     # Queue room for every choice in flight (64 requests of n <= 3): no valid request
     # is refused, so none is retried and a 429 fails the test.
-    # A KV pool (65536 toy cells) that the prefix cache of two rounds cannot fill: with
-    # the default 4096 cells the cache fills the pool, steps then run short of cells
-    # (lanes fault OOM_TENTATIVE and are re-admitted) and now and then a request
-    # faults more than max_oom_retries times and fails with a 500 -- an executor
-    # capacity issue this test is not about (see the report of the commit that added it).
-    s = Server("--max-queued-requests", "1024", "--kv-cache-mb", "4")
+    # The default KV pool: the prefix cache fills it, and admissions must evict their way in
+    # without any lane running short of cells (the capacity check counts whole blocks).
+    s = Server("--max-queued-requests", "1024")
     try:
         items = plan()
         assert sum(k == "malformed" for k, _ in items) == N_REQUESTS // 10

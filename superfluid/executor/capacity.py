@@ -87,7 +87,19 @@ def check_capacity(ex: "Executor", plan: TickPlan, chk: Checked) -> Capacity:
             seeded += pages
         elif keep(a) % page:
             seeded += page
-    needed = max(seeded + max(chk.prefill_tokens + chk.decode_rounds, import_excess) + publishing - cut_back, 0)
+    # Prefills and decodes in whole blocks: a lane holding h tokens that adds n takes
+    # ceil((h + n) / page) - ceil(h / page) blocks (a seeded admit holds its seed).
+    work = 0
+    for tag, n in chk.adds.items():
+        a = chk.admits.get(tag)
+        if tag in chk.held:
+            h = chk.held[tag]
+        elif a is not None and a.seed_handle:
+            h = keep(a)
+        else:
+            h = 0
+        work += (-(-(h + n) // page) - -(-h // page)) * page
+    needed = max(seeded + max(work, import_excess) + publishing - cut_back, 0)
 
     mem = ex.prim.mem_counters()
     free = max(mem.cells_total - mem.cells_used, 0)

@@ -51,6 +51,7 @@ class SeedLease:
 class ExecutorConfig:
     cache_max_fraction: float = 0.9  # resident cache bytes kept under this share of the pool
     host_cache_bytes: int = 64 << 20  # entries leaving the pool are exported while this holds them
+    host_cache_entries: int = 256  # ... and while there are fewer exported entries than this
     fatal_exit: bool | None = None  # None: from SUPERFLUID_FATAL_EXIT
 
 
@@ -157,12 +158,15 @@ class Executor:
             if self.cache.resident_bytes() <= cap:
                 break
             self.leave_pool(e, evicted)
-        # exported entries past the host budget go for good, oldest first
-        while self.cache.exported_bytes() > self.config.host_cache_bytes:
-            olds = sorted((e for e in self.cache if e.seq is None and e.pins == 0), key=lambda e: e.last_used)
-            if not olds:
+        # exported entries past the host budget go for good, least recently used first
+        olds = sorted((e for e in self.cache if e.seq is None and e.pins == 0), key=lambda e: (e.last_used, e.entry_id))
+        exported = [e for e in self.cache if e.seq is None]
+        nbytes, count = sum(e.bytes for e in exported), len(exported)
+        for e in olds:
+            if nbytes <= self.config.host_cache_bytes and count <= self.config.host_cache_entries:
                 break
-            self.cache.remove(olds[0].entry_id)
+            self.cache.remove(e.entry_id)
+            nbytes, count = nbytes - e.bytes, count - 1
 
     def sweep_expired_seeds(self) -> None:
         for h, lease in list(self.seeds.items()):

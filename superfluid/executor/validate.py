@@ -37,6 +37,10 @@ class Checked:
     admits: dict[int, LaneAdmit] = field(default_factory=dict)
     prefill_tokens: int = 0  # within the plan's budget
     decode_rounds: int = 0  # capped by each lane's room to max_seq_len
+    # Per lane, for a block-exact capacity check: tokens its sequence holds now (a seed's
+    # copy for an admit) and tokens this tick adds (prefill take + decode rounds).
+    held: dict[int, int] = field(default_factory=dict)
+    adds: dict[int, int] = field(default_factory=dict)
     live_retires: list = field(default_factory=list)
 
 
@@ -182,6 +186,9 @@ def _check_prefills(ex: "Executor", plan: TickPlan, chk: Checked) -> dict[int, i
         take = min(p.token_count, budget_left)
         budget_left -= take
         chk.prefill_tokens += take
+        chk.adds[p.lane_tag] = chk.adds.get(p.lane_tag, 0) + take
+        if lane is not None:
+            chk.held[p.lane_tag] = lane.ingested()
         reached[p.lane_tag] = done + take
     return reached
 
@@ -218,4 +225,8 @@ def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[i
         if after != end:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         room = max(ex.desc.max_seq_len - committed_len, 0)
-        chk.decode_rounds += min(d.max_new_tokens, room)
+        rounds = min(d.max_new_tokens, room)
+        chk.decode_rounds += rounds
+        chk.adds[d.lane_tag] = chk.adds.get(d.lane_tag, 0) + rounds
+        if lane is not None:
+            chk.held[d.lane_tag] = lane.ingested()
