@@ -82,11 +82,16 @@ def test_next_turn_starts_from_the_published_state():
 
 
 def test_exact_only_runtime_refuses_partial_truncate():
+    from superfluid.runtimes.base import Feed, Unsupported
+
     rt = ToyRuntime(exact_only=True)
     s = rt.seq_create()
-    rt.step([__import__("superfluid.runtimes.base", fromlist=["Feed"]).Feed(s, [4, 5, 6], False)])
-    with pytest.raises(Exception):
+    rt.step([Feed(s, [4, 5, 6], False)])
+    with pytest.raises(Unsupported):
         rt.seq_truncate(s, 2)
+    assert rt.seq_len(s) == 3  # the state is untouched
+    rt.seq_truncate(s, 0)
+    assert rt.seq_len(s) == 0
 
 
 # ------------------------------------------------------------ host sampling

@@ -28,7 +28,6 @@ from ..abi import (
     RingRef,
     Sampling,
     SamplingFlag,
-    SamplingParams,
     SpecStats,
     TickFlag,
 )
@@ -38,14 +37,11 @@ from . import sampling as hs
 from .grammar_errors import GrammarOverflow
 from .prefill import replay_phase
 from .speculate import propose
-from .tick import FatalTick, TickState, fault_lane, lane_fault_code
+from .tick import FatalTick, TickState, fail_step, fault_lane
 
 if TYPE_CHECKING:
     from .executor import Executor
     from .lane import Lane
-
-PENALTY_WINDOW = hs.PENALTY_WINDOW
-
 
 @dataclass
 class _Round:
@@ -181,11 +177,8 @@ def _draft(ex: "Executor", rnd: list[_Round], dc: _Decode) -> dict[int, list[int
 
 
 def _fail_chunk(ex: "Executor", st: TickState, dc: _Decode, chunk: list[_Round], e: PrimError, during: str) -> None:
-    code = lane_fault_code(e)
-    if code is None:
-        raise FatalTick(ex.fatal(during))
+    fail_step(ex, st, [f.tag for f in chunk], e, during)
     for f in chunk:
-        fault_lane(ex, st, f.tag, code)
         dc.remaining.pop(f.tag, None)
 
 
@@ -235,13 +228,25 @@ def _step_round(ex: "Executor", st: TickState, dc: _Decode, rnd: list[_Round], d
             st.rows[f.tag] = row
 
 
-def _process_row(ex: "Executor", lane: "Lane", row: np.ndarray) -> np.ndarray:
-    """Bias and penalties, in the reference's order (the grammar mask comes first)."""
+def _penalized(ex: "Executor", lane: "Lane") -> bool:
+    return ex.penalty_exempt is not None and hs.penalizes(lane.params)
+
+
+def _own_row(ex: "Executor", lane: "Lane", row: np.ndarray) -> np.ndarray:
+    """The row to pick from: a private copy when the grammar mask, bias or penalties will
+    change it (a runtime's row may be a view of its batch), else the row itself --
+    argmax, sampling and logprobs only read it."""
+    if lane.grammar is not None or lane.bias is not None or _penalized(ex, lane):
+        return np.array(row, dtype=np.float32, copy=True)
+    return row
+
+
+def _process_row(ex: "Executor", lane: "Lane", row: np.ndarray) -> None:
+    """Bias and penalties in place, in the reference's order (the grammar mask comes first)."""
     if lane.bias is not None:
         hs.apply_logit_bias(row, lane.bias)
-    if ex.penalty_exempt is not None and hs.penalizes(lane.params):
-        hs.apply_penalties(row, lane.committed[-PENALTY_WINDOW:], lane.params, ex.penalty_exempt)
-    return row
+    if _penalized(ex, lane):
+        hs.apply_penalties(row, lane.committed[-hs.PENALTY_WINDOW :], lane.params, ex.penalty_exempt)
 
 
 def _pick(lane: "Lane", row: np.ndarray) -> int:
@@ -270,11 +275,12 @@ def _sample_round(ex: "Executor", st: TickState, dc: _Decode) -> list[_Round]:
             continue
         token = dc.picked.pop(tag, None)
         if token is None:
-            row = np.array(st.rows.pop(tag), dtype=np.float32, copy=True)
+            row = st.rows.pop(tag)
             if lane.sampling == Sampling.HOST:
                 lane.pending_logits = ex.rings.write_logits_row(row)
                 dc.remaining.pop(tag, None)
                 continue
+            row = _own_row(ex, lane, row)
             if lane.grammar is not None:
                 try:
                     lane.grammar.mask(row)
@@ -282,7 +288,7 @@ def _sample_round(ex: "Executor", st: TickState, dc: _Decode) -> list[_Round]:
                     dc.grammar_faults.append(tag)
                     continue
             _process_row(ex, lane, row)
-            token = _pick(lane, row.copy() if lane.logprobs_top is not None else row)
+            token = _pick(lane, row)
             if lane.logprobs_top is not None:
                 lp, top = hs.logprobs(row, token, min(lane.logprobs_top, MAX_TOP_LOGPROBS))
                 st.logprobs.append(LaneLogprob(tag, token, lp, [i for i, _ in top], [v for _, v in top]))
@@ -335,7 +341,8 @@ def _take_verified(ex: "Executor", st: TickState, dc: _Decode, tag: int, nxt: li
             break
         if dc.cap_left.get(tag, 0) == 0:
             break
-        row = _process_row(ex, lane, np.array(row, dtype=np.float32, copy=True))
+        row = _own_row(ex, lane, row)
+        _process_row(ex, lane, row)
         token = _pick(lane, row)
         lane.committed.append(token)
         lane.rng_counter += 1
@@ -368,10 +375,7 @@ def _take_verified(ex: "Executor", st: TickState, dc: _Decode, tag: int, nxt: li
         try:
             ex.prim.seq_truncate(lane.seq, keep)
         except PrimError as e:
-            code = lane_fault_code(e)
-            if code is None:
-                raise FatalTick(ex.fatal("a draft rollback")) from None
-            fault_lane(ex, st, tag, code)
+            fail_step(ex, st, [tag], e, "a draft rollback")
             dc.remaining.pop(tag, None)
             return
     more = finish is None and dc.remaining.get(tag, 0) > 0 and dc.cap_left.get(tag, 0) > 0

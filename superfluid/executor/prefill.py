@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..runtimes.base import Feed, PrimError
-from .tick import FatalTick, TickState, fault_lane, lane_fault_code
+from .tick import FatalTick, TickState, fail_step
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -143,11 +143,7 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
         try:
             got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in planned])
         except PrimError as e:
-            code = lane_fault_code(e)
-            if code is None:
-                raise FatalTick(ex.fatal("a prefill step")) from None
-            for f in planned:
-                fault_lane(ex, st, f.tag, code)
+            fail_step(ex, st, [f.tag for f in planned], e, "a prefill step")
             continue
         wanted = [f for f in planned if f.wants_row]
         if len(got) != len(wanted):
@@ -201,11 +197,8 @@ def replay_phase(ex: "Executor", st: TickState, replaying: list[int], remaining:
             try:
                 got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in chunk])
             except PrimError as e:
-                code = lane_fault_code(e)
-                if code is None:
-                    raise FatalTick(ex.fatal("a decode step")) from None
+                fail_step(ex, st, [f.tag for f in chunk], e, "a decode step")
                 for f in chunk:
-                    fault_lane(ex, st, f.tag, code)
                     remaining.pop(f.tag, None)
                 continue
             it = iter(got)

@@ -18,12 +18,10 @@ from ..abi import (
     LaneEmit,
     LaneFault,
     LaneLogprob,
-    RingRef,
     Sampling,
     ShedEntry,
     ShedKind,
     ShedReport,
-    SpecStats,
     Status,
     TickEvents,
     TickMemCounters,
@@ -106,6 +104,15 @@ def fault_lane(ex: "Executor", st: TickState, tag: int, code: int) -> None:
         ex.prim.seq_free(lane.seq)
         ex.faulted.add(tag)
     ex.inject_faults.pop(tag, None)
+
+
+def fail_step(ex: "Executor", st: TickState, tags: list[int], e: PrimError, during: str) -> None:
+    """A failed step faults the lanes it carried; a fatal error ends the tick."""
+    code = lane_fault_code(e)
+    if code is None:
+        raise FatalTick(ex.fatal(during))
+    for tag in tags:
+        fault_lane(ex, st, tag, code)
 
 
 def run_tick(ex: "Executor", plan: TickPlan, on_partial_emit) -> TickOutcome:

@@ -35,8 +35,6 @@ class Checked:
     prompts: dict[int, list[int]] = field(default_factory=dict)  # admits' prompts
     cursors: dict[int, object] = field(default_factory=dict)  # admits' grammar cursors
     admits: dict[int, LaneAdmit] = field(default_factory=dict)
-    prefill_tokens: int = 0  # within the plan's budget
-    decode_rounds: int = 0  # capped by each lane's room to max_seq_len
     # Per lane, for a block-exact capacity check: tokens its sequence holds now (a seed's
     # copy for an admit) and tokens this tick adds (prefill take + decode rounds).
     held: dict[int, int] = field(default_factory=dict)
@@ -185,7 +183,6 @@ def _check_prefills(ex: "Executor", plan: TickPlan, chk: Checked) -> dict[int, i
             raise Reject(Status.REJECT_BOUNDS)
         take = min(p.token_count, budget_left)
         budget_left -= take
-        chk.prefill_tokens += take
         chk.adds[p.lane_tag] = chk.adds.get(p.lane_tag, 0) + take
         if lane is not None:
             chk.held[p.lane_tag] = lane.ingested()
@@ -226,7 +223,6 @@ def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[i
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         room = max(ex.desc.max_seq_len - committed_len, 0)
         rounds = min(d.max_new_tokens, room)
-        chk.decode_rounds += rounds
         chk.adds[d.lane_tag] = chk.adds.get(d.lane_tag, 0) + rounds
         if lane is not None:
             chk.held[d.lane_tag] = lane.ingested()
