@@ -19,7 +19,7 @@ from .models import ModelLoadError
 from .runtimes.base import Vocabulary
 
 # GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
-CONTROL, USER_DEFINED, BYTE = 3, 4, 6
+UNKNOWN, CONTROL, USER_DEFINED, BYTE = 2, 3, 4, 6
 
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -121,6 +121,10 @@ class Tokenizer:
             unk = get("ggml.unknown_token_id", 0)
             backend = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
                                              unk_token=tokens[unk], fuse_unk=True, byte_fallback=True))
+            # The "▁" dummy prefix goes before every text fragment (added tokens split the text
+            # first): at the start, after each special token, and even before a leading space
+            # (" Hi" -> "▁▁Hi"), as llama.cpp and sentencepiece do. transformers' gguf loader
+            # (Metaspace, prepend_scheme="first") differs there; tests/test_gguf_types.py.
             steps = [normalizers.Replace(" ", "▁")]
             if get("ggml.add_space_prefix", True):
                 steps.insert(0, normalizers.Prepend("▁"))
@@ -131,7 +135,9 @@ class Tokenizer:
         else:
             raise ModelLoadError(f"{path}: unsupported tokenizer model {kind!r} (field tokenizer.ggml.model)")
         alphabet = set(_byte_decoder()) if byte_level else None
-        specials = [i for i, ty in enumerate(types) if ty == CONTROL and (alphabet is None or set(tokens[i]) <= alphabet)]
+        # control and unknown tokens are special, as in llama.cpp: matched whole in text, dropped when decoding
+        specials = [i for i, ty in enumerate(types)
+                    if ty in (CONTROL, UNKNOWN) and (alphabet is None or set(tokens[i]) <= alphabet)]
         backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in specials])
         user = [AddedToken(tokens[i], special=False, normalized=False) for i, ty in enumerate(types) if ty == USER_DEFINED]
         if user:

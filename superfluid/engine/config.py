@@ -25,6 +25,7 @@ class EngineConfig:
     model: str = ""
     runtime: str = "torch"  # "torch" | "toy"
     dtype: str | None = None
+    quant: str | None = None  # torch on CPU: "q8_0" | "q4_1" weights for decode-sized products (native kernels)
     kv_cache_mb: int = 0  # 0: the runtime's default
     max_batch: int = 0  # 0: the runtime's default
     deterministic: bool = False

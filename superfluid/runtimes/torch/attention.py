@@ -12,6 +12,12 @@ Two kernels:
   fixed per-item shape, so a query row's result depends on its own keys and nothing else —
   not on B, on how many queries share the step, nor on how the prompt was chunked. Blocks
   past a query's position are fully masked and leave its running (max, sum, acc) bit-identical.
+
+Both take ``window`` (sliding-window attention, Mistral): a query at position p sees keys at
+positions p - window < pos <= p, as transformers' sliding_window_causal_mask_function
+(kv_idx > q_idx - window). Older keys stay in the pool; they are only masked. In
+``attend_fixed`` blocks wholly before a query's window are fully masked too and, coming
+first, leave its running state at its initial (-inf, 0, 0) — so invariance still holds.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class StepMeta:
     # Padded views of all feeds (built once per step, used by the batched paths):
     gather: torch.Tensor | None = None  # [B, L] int64 key cells (padding points at cell 0)
     key_valid: torch.Tensor | None = None  # [B, L] bool
+    native_span: tuple[torch.Tensor, torch.Tensor] | None = None  # native decode attention's (first, lens), per step
 
     @property
     def decode_only(self) -> bool:
@@ -64,8 +71,9 @@ def cells(cache: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, idx.reshape(-1)).view(*idx.shape, *cache.shape[1:])
 
 
-def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid) -> torch.Tensor:
-    # q: [B, H, d] one query per sequence; kc, vc: [S, Hkv, d]; gather/valid: [B, L].
+def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid, qpos, window) -> torch.Tensor:
+    # q: [B, H, d] one query per sequence; kc, vc: [S, Hkv, d]; gather/valid: [B, L] (column l
+    # holds the key at position l); qpos: [B] position of each query.
     # Query head h reads kv head h // group (transformers' repeat_kv order), so q views as
     # [B, Hkv, group, d] and each kv head serves its group in one matmul.
     B, H, d = q.shape
@@ -73,38 +81,49 @@ def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid)
     k = cells(kc, gather).permute(0, 2, 3, 1)  # [B, Hkv, d, L]
     v = cells(vc, gather).transpose(1, 2)  # [B, Hkv, L, d]
     s = torch.matmul(q.view(B, Hkv, H // Hkv, d), k) * (d ** -0.5)  # [B, Hkv, group, L]
+    if window is not None:
+        kpos = torch.arange(gather.shape[1], device=q.device)
+        valid = valid & (kpos[None, :] > qpos[:, None] - window)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(s.float(), dim=-1).to(q.dtype)
     return torch.matmul(p, v).view(B, H, d)  # [B, H, d]
 
 
-def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, window: int | None = None
+           ) -> torch.Tensor:
     """q: [T, H, d] (RoPE applied); kc, vc: [S, Hkv, d] with this step's K/V written. -> [T, H, d]"""
     if meta.decode_only:
-        return _decodes(q, kc, vc, meta.gather, meta.key_valid)
+        return _decodes(q, kc, vc, meta.gather, meta.key_valid, meta.positions, window)
     out = torch.empty_like(q)
     dec = [i for i, n in enumerate(meta.q_lens) if n == 1]
     if dec:
         rows = torch.tensor([meta.offsets[i] for i in dec], device=q.device)
         idx = torch.tensor(dec, device=q.device)
-        out[rows] = _decodes(q[rows], kc, vc, meta.gather[idx], meta.key_valid[idx])
+        out[rows] = _decodes(q[rows], kc, vc, meta.gather[idx], meta.key_valid[idx], meta.positions[rows], window)
     for i, n in enumerate(meta.q_lens):
         if n == 1:
             continue
         o, start, ks = meta.offsets[i], meta.starts[i], meta.key_slots[i]
+        # Keys before `first` are outside every query's window: not even gathered.
+        first = max(0, start - window + 1) if window is not None else 0
         qi = q[o: o + n].transpose(0, 1)  # [H, n, d]
-        ki, vi = cells(kc, ks).transpose(0, 1), cells(vc, ks).transpose(0, 1)  # [Hkv, start + n, d]
-        if start == 0:
+        ks = ks[first:]
+        ki, vi = cells(kc, ks).transpose(0, 1), cells(vc, ks).transpose(0, 1)  # [Hkv, start + n - first, d]
+        if start == 0 and (window is None or window >= n):
             oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
-        else:  # query j sits at position start + j and sees keys 0..start + j
-            qpos = torch.arange(start, start + n, device=q.device)
-            mask = torch.arange(start + n, device=q.device)[None, :] <= qpos[:, None]
+        else:  # query j sits at position start + j and sees keys 0..start + j (those in its window)
+            qpos = torch.arange(start, start + n, device=q.device)[:, None]
+            kpos = torch.arange(first, start + n, device=q.device)[None, :]
+            mask = kpos <= qpos
+            if window is not None:
+                mask &= kpos > qpos - window
             oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
         out[o: o + n] = oi.transpose(0, 1)
     return out
 
 
-def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, window: int | None = None
+                 ) -> torch.Tensor:
     """Batch-invariant attention (see module doc). q: [T, H, d] -> [T, H, d].
 
     Every product is a batched matmul whose per-item shape never changes: [QUERY_BLOCK, d] x
@@ -135,6 +154,8 @@ def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: Step
         s = torch.matmul(qf, kb.expand(B, Hkv, nb, group, d, KEY_BLOCK))  # [B, Hkv, nb, group, QB, KB]
         kpos = torch.arange(j, j + KEY_BLOCK, device=q.device)
         visible = (kpos <= qpos[..., None]) & meta.key_valid[:, None, None, None, None, j: j + KEY_BLOCK]
+        if window is not None:
+            visible &= kpos > qpos[..., None] - window
         s = s.masked_fill(~visible, float("-inf"))
         m_new = torch.maximum(m, s.amax(-1))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)

@@ -12,11 +12,20 @@ ARCHITECTURES = ("llama", "mistral", "qwen2")  # all share one forward; qwen2 ad
 
 @dataclass(frozen=True)
 class RopeScaling:
-    kind: str  # "linear" | "llama3"
+    kind: str  # "linear" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_max_position: int = 8192  # llama3 only
+    original_max_position: int = 8192  # llama3, yarn: the pretraining context
+    beta_fast: float = 32.0  # yarn: rotations per original context above which a frequency is kept
+    beta_slow: float = 1.0  # yarn: ... below which it is divided by factor (a linear ramp between)
+    attention_factor: float | None = None  # yarn: multiplies cos and sin; None: yarn_mscale(factor)
+    truncate: bool = True  # yarn: round the ramp's ends outward to whole dimensions
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context ``scale`` times the original (transformers' get_mscale)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,7 @@ class ModelConfig:
     attention_bias: bool = False  # q/k/v bias (qwen2)
     tie_embeddings: bool = True
     rope_scaling: RopeScaling | None = None
-    sliding_window: int | None = None  # mistral: the context is capped at the window
+    sliding_window: int | None = None  # a query at position p sees keys at p - window < pos <= p
 
     def __post_init__(self):
         if self.n_heads % self.n_kv_heads:
@@ -49,17 +58,20 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
 
-    def inv_freq(self, rope_freqs: torch.Tensor | None = None) -> torch.Tensor:
-        """[head_dim // 2] float32 rotary frequencies, with scaling applied (as transformers)."""
+    def rope(self, rope_freqs: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+        """(inv_freq [head_dim // 2] float32, attention_factor): the rotary frequencies with
+        scaling applied and the factor cos and sin are multiplied by, as transformers' rope init
+        functions compute them (same float32 operations, so the tables match bit for bit)."""
         d = self.head_dim
-        inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        pos_freqs = self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)
+        inv = 1.0 / pos_freqs
         if rope_freqs is not None:  # llama.cpp stores llama3 scaling as per-frequency divisors
-            return inv / rope_freqs.float()
+            return inv / rope_freqs.float(), 1.0
         s = self.rope_scaling
         if s is None:
-            return inv
+            return inv, 1.0
         if s.kind == "linear":
-            return inv / s.factor
+            return inv / s.factor, 1.0
         if s.kind == "llama3":
             low_wavelen = s.original_max_position / s.low_freq_factor
             high_wavelen = s.original_max_position / s.high_freq_factor
@@ -68,7 +80,25 @@ class ModelConfig:
             smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
             smoothed = (1 - smooth) * out / s.factor + smooth * out
             medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-            return torch.where(medium, smoothed, out)
+            return torch.where(medium, smoothed, out), 1.0
+        if s.kind == "yarn":
+            # Dimension pairs below `low` turn more than beta_fast times over the original context
+            # and keep their frequency; those above `high` turn fewer than beta_slow times and are
+            # interpolated (divided by factor); a linear ramp blends the pairs between.
+            def corr_dim(rotations: float) -> float:
+                turns = s.original_max_position / (rotations * 2 * math.pi)
+                return d * math.log(turns) / (2 * math.log(self.rope_theta))
+            low, high = corr_dim(s.beta_fast), corr_dim(s.beta_slow)
+            if s.truncate:
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
+            if low == high:
+                high += 0.001  # as transformers: no division by zero
+            ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+            keep = 1 - ramp  # weight of the unscaled frequency
+            interp = 1.0 / (s.factor * pos_freqs)
+            inv = interp * (1 - keep) + inv * keep
+            return inv, s.attention_factor if s.attention_factor is not None else yarn_mscale(s.factor)
         raise ValueError(f"unsupported rope scaling {s.kind!r}")
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:

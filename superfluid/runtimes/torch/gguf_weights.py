@@ -18,12 +18,12 @@ from gguf.quants import dequantize
 from ...models import ModelLoadError
 from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes
 
-SUPPORTED_QUANTS = {
+SUPPORTED_QUANTS = (  # what gguf.quants.dequantize reads that llama.cpp writes for Llama-family weights
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
     GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
     GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K,
     GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
-}
+)
 
 _LAYER_NAMES = {  # gguf suffix -> canonical suffix
     "attn_norm.weight": "attn_norm", "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v",
@@ -42,9 +42,21 @@ def gguf_name(key: str) -> str:
     return next(g for g, c in _GLOBAL_NAMES.items() if c == key)
 
 
+class _Reader(GGUFReader):
+    def _build_tensors(self, start_offs, fields):
+        # GGUFReader fails on a type id it does not know with a bare "99 is not a valid
+        # GGMLQuantizationType"; name the tensor first. field.parts: name_len, name, n_dims, dims, type, offset.
+        known = {int(q) for q in GGMLQuantizationType}
+        for f in fields:
+            if int(f.parts[4][0]) not in known:
+                raise ValueError(f"tensor {bytes(f.parts[1]).decode(errors='replace')!r} has unknown ggml type "
+                                 f"{int(f.parts[4][0])}")
+        return super()._build_tensors(start_offs, fields)
+
+
 def open_gguf(path: Path) -> GGUFReader:
     try:
-        return GGUFReader(path)
+        return _Reader(path)
     except Exception as e:  # truncated headers, bad magic, short tensor data
         raise ModelLoadError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
 
@@ -74,27 +86,46 @@ def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
     if embd is None:
         raise ModelLoadError(f"{path}: missing tensor 'token_embd.weight'")
     vocab = int(a("vocab_size", int(embd.shape[-1])))
-    scaling = None
-    kind = field(reader, f"{arch}.rope.scaling.type", path, required=False)
-    factor = field(reader, f"{arch}.rope.scaling.factor", path, required=False)
-    if kind == "linear" and factor and float(factor) != 1.0:
-        scaling = RopeScaling("linear", float(factor))
-    elif kind not in (None, "none", "linear"):
-        raise ModelLoadError(f"{path}: unsupported rope scaling {kind!r} (field {arch}.rope.scaling.type)")
+    context = int(a("context_length", 2048))
+    scaling = _rope_scaling(reader, path, arch, context)
     window = field(reader, f"{arch}.attention.sliding_window", path, required=False)
+    pattern = field(reader, f"{arch}.attention.sliding_window_pattern", path, required=False)
+    if window and isinstance(pattern, list) and len(set(pattern)) > 1:
+        raise ModelLoadError(f"{path}: sliding window on some layers only is not supported "
+                             f"(field {arch}.attention.sliding_window_pattern)")
+    if isinstance(pattern, list) and pattern and not any(pattern):
+        window = None  # no layer slides
     try:
         return ModelConfig(
             arch=arch, vocab_size=vocab, hidden=hidden, intermediate=int(a("feed_forward_length")),
             n_layers=int(a("block_count")), n_heads=n_heads, n_kv_heads=int(n_kv), head_dim=head_dim,
             rope_theta=float(a("rope.freq_base", 10000.0)),
             rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
-            max_position=int(a("context_length", 2048)),
+            max_position=context,
             attention_bias="blk.0.attn_q.bias" in names,
             tie_embeddings="output.weight" not in names,
             rope_scaling=scaling, sliding_window=int(window) if window else None,
         )
     except ValueError as e:
         raise ModelLoadError(f"{path}: inconsistent metadata: {e}") from e
+
+
+def _rope_scaling(reader: GGUFReader, path: Path, arch: str, context: int) -> RopeScaling | None:
+    k = lambda name: field(reader, f"{arch}.rope.scaling.{name}", path, required=False)  # noqa: E731
+    kind, factor = k("type"), k("factor")
+    if kind == "linear" and factor and float(factor) != 1.0:
+        return RopeScaling("linear", float(factor))
+    if kind == "yarn" and factor:
+        # convert_hf_to_gguf writes transformers' rope_parameters here: factor,
+        # original_context_length, and when the config had them beta_fast / beta_slow and
+        # attention_factor (as yarn_attn_factor); the rest take transformers' defaults.
+        attn, fast, slow = k("yarn_attn_factor"), k("yarn_beta_fast"), k("yarn_beta_slow")
+        return RopeScaling("yarn", float(factor), original_max_position=int(k("original_context_length") or context),
+                           beta_fast=float(fast or 32), beta_slow=float(slow or 1),
+                           attention_factor=float(attn) if attn is not None else None)
+    if kind not in (None, "none", "linear", "yarn"):  # linear / yarn without a factor: no scaling
+        raise ModelLoadError(f"{path}: unsupported rope scaling {kind!r} (field {arch}.rope.scaling.type)")
+    return None
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -106,7 +137,8 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 def _tensor(t, path: Path) -> np.ndarray:
     qtype = GGMLQuantizationType(t.tensor_type)
     if qtype not in SUPPORTED_QUANTS:
-        raise ModelLoadError(f"{path}: tensor {t.name!r} has unsupported type {qtype.name}")
+        raise ModelLoadError(f"{path}: tensor {t.name!r} has unsupported type {qtype.name} "
+                             f"(supported: {', '.join(q.name for q in SUPPORTED_QUANTS)})")
     shape = tuple(int(x) for x in reversed(t.shape))  # ggml ne -> numpy order
     try:
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):

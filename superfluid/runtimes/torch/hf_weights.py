@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from ...models import ModelLoadError
-from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes
+from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes, yarn_mscale
 
 _LAYER_NAMES = {  # HF suffix -> canonical suffix
     "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "q", "self_attn.k_proj.weight": "k",
@@ -28,8 +28,9 @@ def hf_name(key: str) -> str:
 
 
 def _rope_scaling(c: dict, path: Path) -> tuple[float, RopeScaling | None]:
-    # transformers 5 writes rope_parameters; older configs rope_theta + rope_scaling.
-    params = c.get("rope_parameters") or c.get("rope_scaling") or {}
+    # transformers 5 writes rope_parameters; older configs rope_theta + rope_scaling (which
+    # transformers prefers when both are there).
+    params = c.get("rope_scaling") or c.get("rope_parameters") or {}
     theta = float(params.get("rope_theta", c.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("default", None):
@@ -40,7 +41,38 @@ def _rope_scaling(c: dict, path: Path) -> tuple[float, RopeScaling | None]:
         return theta, RopeScaling("llama3", float(params["factor"]), float(params.get("low_freq_factor", 1.0)),
                                   float(params.get("high_freq_factor", 4.0)),
                                   int(params.get("original_max_position_embeddings", 8192)))
+    if kind == "yarn":  # defaults as transformers' _compute_yarn_parameters and standardize_rope_params
+        max_pos = int(c.get("max_position_embeddings", 2048))
+        orig = int(params.get("original_max_position_embeddings") or max_pos)
+        factor = float(params["factor"] if params.get("factor") is not None else max_pos / orig)
+        attn = params.get("attention_factor")
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if attn is None and mscale and mscale_all_dim:
+            attn = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+        return theta, RopeScaling("yarn", factor, original_max_position=orig,
+                                  beta_fast=float(params.get("beta_fast") or 32),
+                                  beta_slow=float(params.get("beta_slow") or 1),
+                                  attention_factor=float(attn) if attn is not None else None,
+                                  truncate=bool(params.get("truncate", True)))
     raise ModelLoadError(f"{path}: unsupported rope scaling {kind!r} (field rope_scaling)")
+
+
+def _sliding_window(c: dict, arch: str, file: Path) -> int | None:
+    """The window every layer uses, as transformers reads it (None: full attention)."""
+    if arch == "mistral":
+        window = c.get("sliding_window", 4096)  # MistralConfig's default when the key is absent; null: none
+        return int(window) if window else None
+    if arch == "qwen2" and c.get("use_sliding_window") and c.get("sliding_window"):
+        # Qwen2Config: layers from max_window_layers on slide (unless layer_types says otherwise).
+        n, first = int(c["num_hidden_layers"]), int(c.get("max_window_layers", 28))
+        types = c.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+        sliding = {t == "sliding_attention" for t in types}
+        if sliding == {True}:
+            return int(c["sliding_window"])
+        if sliding == {True, False}:
+            raise ModelLoadError(f"{file}: sliding window on some layers only is not supported "
+                                 "(fields layer_types / max_window_layers)")
+    return None
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -55,7 +87,7 @@ def read_config(path: Path) -> ModelConfig:
     try:
         n_heads = int(c["num_attention_heads"])
         theta, scaling = _rope_scaling(c, file)
-        window = c.get("sliding_window") if (arch == "mistral" or c.get("use_sliding_window")) else None
+        window = _sliding_window(c, arch, file)
         return ModelConfig(
             arch=arch, vocab_size=int(c["vocab_size"]), hidden=int(c["hidden_size"]),
             intermediate=int(c["intermediate_size"]), n_layers=int(c["num_hidden_layers"]), n_heads=n_heads,
@@ -65,7 +97,7 @@ def read_config(path: Path) -> ModelConfig:
             max_position=int(c.get("max_position_embeddings", 2048)),
             attention_bias=bool(c.get("attention_bias", arch == "qwen2")),
             tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-            rope_scaling=scaling, sliding_window=int(window) if window else None,
+            rope_scaling=scaling, sliding_window=window,
         )
     except KeyError as e:
         raise ModelLoadError(f"{file}: missing field {e.args[0]!r}") from e

@@ -8,26 +8,31 @@ once at load: wqkv [(H + 2 Hkv) d, D] and wgu [2 F, D], so a layer is four matmu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
+from .kernels import QMat
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
 
 
 class Mat:
     """A weight matrix [out, in] in the compute dtype, and optionally a bf16 copy used for
-    single-row products (CPUs without native bf16: there a bf16 GEMV streams half the bytes
-    and is ~2.5x faster, while bf16 GEMMs with more rows are emulated and far slower)."""
+    single-row products (CPUs without native bf16: there a bf16 GEMV streams half the bytes,
+    while bf16 GEMMs with more rows are emulated and far slower), or a block-quantized copy
+    for the native kernels' decode-sized products (``quant``)."""
 
-    __slots__ = ("w", "w16")
+    __slots__ = ("w", "w16", "q")
 
-    def __init__(self, w: torch.Tensor, gemv16: bool):
+    def __init__(self, w: torch.Tensor, gemv16: bool, quant: str | None = None):
         self.w = w
-        self.w16 = w.to(torch.bfloat16).contiguous() if gemv16 else None
+        self.w16 = w.to(torch.bfloat16).contiguous() if gemv16 and not quant else None
+        self.q = QMat(w, quant) if quant else None
 
 
 @dataclass
@@ -61,17 +66,22 @@ def linear_fixed(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torc
 
 class Llama:
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: torch.device, deterministic: bool = False, native_bf16: bool = True):
+                 device: torch.device, deterministic: bool = False, native_bf16: bool = True,
+                 quant: str | None = None):
         # bf16 asked of a CPU without native bf16: compute in fp32, bf16 copies for GEMV.
         gemv16 = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16 and not deterministic
         if dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16:
             dtype = torch.float32
-        self.cfg, self.dtype, self.device = cfg, dtype, device
+        if quant:
+            native.require(quant, device, deterministic)
+            if dtype != torch.float32:
+                raise ValueError(f"quant={quant} computes in float32; dtype {dtype} asked")
+        self.cfg, self.dtype, self.device, self.quant = cfg, dtype, device, quant
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
-        mat = lambda t: Mat(put(t), gemv16)  # noqa: E731
+        mat = lambda t: Mat(put(t), gemv16, quant)  # noqa: E731
         self.embed = put(tensors["embed"])  # [V, D]
         self.norm = put(tensors["norm"])
-        self.lm_head = Mat(self.embed, gemv16) if cfg.tie_embeddings else mat(tensors["lm_head"])  # [V, D]
+        self.lm_head = Mat(self.embed, gemv16, quant) if cfg.tie_embeddings else mat(tensors["lm_head"])  # [V, D]
         self.layers: list[Layer] = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
@@ -82,15 +92,17 @@ class Llama:
                 bqkv=put(bias) if bias is not None else None, wo=mat(t("o")), ffn_norm=put(t("ffn_norm")),
                 wgu=mat(torch.cat([t("gate"), t("up")])), wdown=mat(t("down")),
             ))
-        inv = cfg.inv_freq(tensors.get("rope_freqs"))
+        inv, scale = cfg.rope(tensors.get("rope_freqs"))  # scale: YaRN's attention factor (else 1)
         # RoPE tables [max_position, d] in float32, as transformers computes them (one product each).
         pos = torch.arange(cfg.max_position, dtype=torch.float32)
         freqs = pos[:, None] * inv[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+        self.cos, self.sin = (emb.cos() * scale).to(device, dtype), (emb.sin() * scale).to(device, dtype)
         self.deterministic = deterministic
         self.linear = linear_fixed if deterministic else linear
-        self.attend = attend_fixed if deterministic else attend
+        self.attend = partial(attend_fixed if deterministic else attend, window=cfg.sliding_window)
+        if quant:  # the LM head's decode-sized products on the native kernels too
+            self.linear = native.linear
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # As transformers: the statistics in float32, scaled by the weight in the model dtype.
@@ -111,6 +123,8 @@ class Llama:
     def forward(self, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
         """tokens: [T] int64. kv_k, kv_v: [n_layers, S, Hkv, d] (this step's cells get written).
         Returns the final-normed hidden states [T, D]."""
+        if self.quant:
+            return native.forward(self, tokens, meta, kv_k, kv_v)
         cfg, lin = self.cfg, self.linear
         T = tokens.shape[0]
         H, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim

@@ -14,8 +14,6 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ...abi import SamplingParams
-from ...executor import sampling
 from ...models import DEFAULT_MODEL, ModelLoadError, resolve_model
 from ...tokenizer import Tokenizer
 from ..base import Feed, MemCounters, OutOfBoundary, RuntimeDesc, SampleSpec, Vocabulary
@@ -24,6 +22,7 @@ from .gguf_weights import load_gguf, open_gguf
 from .hf_weights import load_hf
 from .llama import Llama
 from .paged import PagedKV
+from .sample import sample_lanes
 
 
 def cpu_has_native_bf16() -> bool:
@@ -62,24 +61,28 @@ class TorchRuntime:
     def __init__(self, model: str | Path = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
                  device: str | None = None, kv_cache_mb: int = 1024, max_batch: int = 64,
                  max_seq_len: int = 8192, page: int = 16, deterministic: bool = False, progress: bool = False,
-                 prefill_step_tokens: int = 512):
+                 prefill_step_tokens: int = 512, quant: str | None = None):
+        """quant ("q8_0" | "q4_1", CPU): decode-sized products on block-quantized weights and
+        the native kernels (native.py); prefill keeps full-precision weights."""
         path = resolve_model(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = pick_dtype(dtype, self.device)
+        self.dtype = pick_dtype(dtype if dtype is not None or not quant else "float32", self.device)
         cfg, tensors, self.tokenizer = load_model(path, progress)
         if self.tokenizer.vocab_size > cfg.vocab_size:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")
         self.cfg = cfg
-        self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic, native_bf16=cpu_has_native_bf16())
+        self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic, native_bf16=cpu_has_native_bf16(),
+                           quant=quant)
         del tensors
         self.deterministic = deterministic
         act = self.model.dtype  # activations and KV (fp32 when bf16 is only used for GEMV)
         cell_bytes = 2 * cfg.n_layers * cfg.kv_size * torch.tensor([], dtype=act).element_size()
         n_blocks = max(1, kv_cache_mb * 2**20 // (cell_bytes * page))
         self.kv = PagedKV(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n_blocks, page, act, self.device)
-        seq_cap = min(max_seq_len, cfg.max_position, cfg.sliding_window or cfg.max_position)
+        seq_cap = min(max_seq_len, cfg.max_position)  # a sliding window masks keys, it does not cap the context
         self.desc = RuntimeDesc(
-            runtime_id=f"torch:{path.name}:{str(self.dtype).removeprefix('torch.')}" + (":det" if deterministic else ""),
+            runtime_id=f"torch:{path.name}:{str(self.dtype).removeprefix('torch.')}" + (":det" if deterministic else "")
+            + (f":{quant}" if quant else ""),
             vocab_size=cfg.vocab_size, max_batch=max_batch, max_seq_len=seq_cap, max_seqs=0, page=page,
             prefill_step_tokens=prefill_step_tokens, exact_only=False, truncate_partial=True,
             copy_shares_cells=True, takeover_preferred=False, engine_sampling=True, engine_draws=True,
@@ -172,18 +175,7 @@ class TorchRuntime:
         idx = [o + len(f.tokens) - 1 for f, o in zip(feeds, offsets)]
         with torch.inference_mode():
             logits = self.model.logits(hidden[torch.tensor(idx, device=hidden.device)])  # [B, V] float32
-            greedy = torch.argmax(logits, dim=-1).tolist()  # first maximum: lowest id wins ties
-        out = []
-        rows = None
-        for i, spec in enumerate(specs):
-            if spec.temperature <= 0.0:
-                out.append(int(greedy[i]))
-                continue
-            if rows is None:
-                rows = logits.cpu().numpy()
-            params = SamplingParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
-            out.append(sampling.sample(rows[i], params, sampling.uniform(spec.rng_position)))
-        return out
+            return sample_lanes(logits, specs)
 
     # ----------------------------------------------------------------- counters
 

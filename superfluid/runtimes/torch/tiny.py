@@ -1,8 +1,10 @@
 """Tiny random Llama-family GGUF files, for fast tests of loading, the pool and batching.
 
-``write_tiny_gguf`` writes a real GGUF (byte-level BPE tokenizer with a few merges, chat
-template, random weights) that both our loader and transformers' gguf loader can read.
-``skip`` / ``shapes`` / ``arch`` let tests write broken files on purpose.
+``write_tiny_gguf`` writes a real GGUF (a byte-level BPE tokenizer with a few merges, or a
+sentencepiece-style one, chat template, random weights) that both our loader and
+transformers' gguf loader can read. Matrices are stored in any type of ``WRITABLE``;
+``qtypes`` picks one per tensor, as real files mix types (Q4_K_M keeps some in Q6_K).
+``skip`` / ``shapes`` / ``arch`` / ``raw_types`` let tests write broken files on purpose.
 """
 
 from __future__ import annotations
@@ -10,13 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
-from gguf.quants import quantize
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter
+from gguf.quants import quantize, quant_shape_to_byte_shape
 
 from ...tokenizer import _byte_decoder
 
 TINY_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPM_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+
+# K-quants pack 256 values per block: a row of a K-quant matrix has a multiple of 256 columns.
+WRITABLE = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K)
 
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -30,14 +37,119 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+_SPM_WORDS = ("▁the ▁Hello ▁hello ▁world ▁World ▁this ▁is ▁a ▁cat ▁sat ▁on ▁mat ▁in ▁and ▁of ▁to ing er ed "
+              "ello orld ▁café ▁naïve ▁über ▁日本 ▁Straße ▁def ▁return ▁x ▁y ▁don 't ▁I 'm ▁you 'll ▁12 "
+              "▁▁ ▁▁▁ ▁▁▁▁ ▁▁▁▁▁▁▁▁ ▁( ): ▁{ ▁} ▁th ▁an")
+
+
+def tiny_spm_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A sentencepiece (llama) vocabulary laid out like Llama 2's: <unk> <s> </s>, the 256 byte
+    tokens <0x00>..<0xFF>, merged pieces best first, then single characters; two control tokens
+    ([INST] [/INST], as Mistral has) at the end. Every piece's prefixes are pieces too, so each
+    can be reached by merges. (tokens, scores, types)."""
+    words = _SPM_WORDS.split()
+    pieces = {w[:k] for w in words for k in range(2, len(w) + 1)}
+    chars = {c for w in words for c in w} | set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-")
+    merged = sorted(pieces - chars, key=lambda p: (len(p), p))
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + merged + sorted(chars)
+    scores = [0.0] * 259 + [-float(i) for i in range(len(merged))] + [-1e4 - i for i in range(len(chars))]
+    types = [2, 3, 3] + [6] * 256 + [1] * (len(merged) + len(chars))
+    return tokens + ["[INST]", "[/INST]"], scores + [0.0, 0.0], types + [3, 3]
+
+
+def _q4_k(x: np.ndarray) -> np.ndarray:
+    """[n, 256] float32 -> [n, 144] Q4_K blocks: fp16 d, fp16 dmin, 8 six-bit (scale, min) pairs
+    packed in 12 bytes, 256 nibbles; value = d * scale_j * q - dmin * min_j, sub-block j of 32."""
+    n = x.shape[0]
+    sub = x.reshape(n, 8, 32)
+    lo, hi = np.minimum(sub.min(-1), 0), np.maximum(sub.max(-1), 0)
+    d, dmin = (((hi - lo) / 15).max(-1) / 63).astype(np.float16), ((-lo).max(-1) / 63).astype(np.float16)
+    d32, dmin32 = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(np.round((hi - lo) / 15 / np.where(d32 > 0, d32, 1)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.round(-lo / np.where(dmin32 > 0, dmin32, 1)), 0, 63).astype(np.uint8)
+    step = (d32 * sc)[..., None]
+    q = np.clip(np.round((sub + (dmin32 * mn)[..., None]) / np.where(step > 0, step, 1)), 0, 15).astype(np.uint8)
+    scales = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, mn[:, :4] | (mn[:, 4:] >> 4) << 6,
+                             (sc[:, 4:] & 15) | (mn[:, 4:] & 15) << 4], axis=1)
+    q = q.reshape(n, 4, 2, 32)  # byte i of 32-byte group g: low nibble sub-block 2g, high 2g + 1
+    qs = (q[:, :, 0] | q[:, :, 1] << 4).reshape(n, 128)
+    return np.concatenate([d.view(np.uint8).reshape(n, 2), dmin.view(np.uint8).reshape(n, 2), scales, qs], axis=1)
+
+
+def _q6_k(x: np.ndarray) -> np.ndarray:
+    """[n, 256] float32 -> [n, 210] Q6_K blocks: 128 bytes of low nibbles, 64 of high 2-bit pairs,
+    16 int8 scales, fp16 d; value = d * scale_j * (q - 32), sub-block j of 16."""
+    n = x.shape[0]
+    sub = x.reshape(n, 16, 16)
+    scale = np.abs(sub).max(-1) / 31
+    d = (scale.max(-1) / 127).astype(np.float16)
+    d32 = d.astype(np.float32)[:, None]
+    sc = np.clip(np.round(scale / np.where(d32 > 0, d32, 1)), -128, 127).astype(np.int8)
+    step = (d32 * sc)[..., None]
+    q = (np.clip(np.round(sub / np.where(step != 0, step, 1)), -32, 31) + 32).astype(np.uint8).reshape(n, 256)
+    low = (q & 15).reshape(n, 2, 2, 64)  # [half, nibble, 64]
+    ql = (low[:, :, 0] | low[:, :, 1] << 4).reshape(n, 128)
+    high = (q >> 4).reshape(n, 2, 4, 32)  # [half, bit pair, 32]
+    qh = (high[:, :, 0] | high[:, :, 1] << 2 | high[:, :, 2] << 4 | high[:, :, 3] << 6).reshape(n, 64)
+    return np.concatenate([ql, qh, sc.view(np.uint8), d.view(np.uint8).reshape(n, 2)], axis=1)
+
+
+def quantize_tensor(arr: np.ndarray, qtype: Q) -> np.ndarray:
+    """float32 [rows, cols] -> what GGUFWriter.add_tensor takes with raw_dtype=qtype."""
+    if qtype not in WRITABLE:
+        raise NotImplementedError(f"tiny GGUF writer cannot quantize to {qtype.name}")
+    if qtype in (Q.Q4_K, Q.Q6_K):  # gguf's quantize does not implement K-quants
+        block, size = GGML_QUANT_SIZES[qtype]
+        if arr.shape[-1] % block:
+            raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, not {arr.shape[-1]}")
+        pack = _q4_k if qtype == Q.Q4_K else _q6_k
+        return pack(arr.astype(np.float32).reshape(-1, block)).reshape(quant_shape_to_byte_shape(arr.shape, qtype))
+    return quantize(arr.astype(np.float32), qtype)
+
+
+def _write_tokenizer(w: GGUFWriter, tokenizer: str) -> int:
+    """Tokenizer metadata; returns the vocabulary size."""
+    if tokenizer == "gpt2":
+        tokens, types, merges = tiny_vocab()
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(False)
+        w.add_chat_template(TINY_TEMPLATE)
+    elif tokenizer == "llama":  # as llama.cpp's converter writes Llama 2: no merges, scores instead
+        tokens, scores, types = tiny_spm_vocab()
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_chat_template(SPM_TEMPLATE)
+    else:
+        raise ValueError(f"unknown tiny tokenizer {tokenizer!r}")
+    return len(tokens)
+
+
 def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2, hidden: int = 64,
                     n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128, context: int = 512,
-                    qtype: GGMLQuantizationType = GGMLQuantizationType.F32, tied: bool = True, seed: int = 0,
-                    skip: tuple[str, ...] = (), shapes: dict[str, tuple[int, ...]] | None = None) -> Path:
+                    qtype: Q = Q.F32, qtypes: dict[str, Q] | None = None, tokenizer: str = "gpt2",
+                    tied: bool = True, seed: int = 0, skip: tuple[str, ...] = (),
+                    shapes: dict[str, tuple[int, ...]] | None = None, raw_types: dict[str, Q] | None = None,
+                    meta: dict[str, str | int | float | bool] | None = None) -> Path:
+    """``qtype``: the type of every matrix (vectors stay F32, as llama.cpp keeps norms);
+    ``qtypes``: per-tensor overrides; ``raw_types``: tensors written as random bytes of that
+    ggml type (any type, even ones nobody can quantize to: for files a loader must reject);
+    ``meta``: extra fields under the architecture's prefix, e.g. {"attention.sliding_window": 8}."""
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, types, merges = tiny_vocab()
-    vocab = len(tokens)
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_block_count(n_layers)
@@ -48,17 +160,13 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2,
     w.add_head_count_kv(n_kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
+    vocab = _write_tokenizer(w, tokenizer)
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(hidden // n_heads)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_chat_template(TINY_TEMPLATE)
+    for key, value in (meta or {}).items():  # bool before int: True is an int too
+        add = (w.add_bool if isinstance(value, bool) else w.add_uint32 if isinstance(value, int)
+               else w.add_float32 if isinstance(value, float) else w.add_string)
+        add(f"{arch}.{key}", value)
     d = hidden // n_heads
     spec = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
     if not tied:
@@ -77,19 +185,23 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2,
     for name, shape in spec.items():
         if name in skip:
             continue
+        if name in (raw_types or {}):
+            raw = raw_types[name]
+            w.add_tensor(name, rng.integers(0, 256, quant_shape_to_byte_shape(shape, raw), dtype=np.uint8), raw_dtype=raw)
+            continue
         if len(shape) == 1:
-            arr = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-            w.add_tensor(name, arr)
+            w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue
         arr = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
         if name == "token_embd.weight":
             arr *= 4.0  # embeddings are not scaled by fan-in
-        if qtype == GGMLQuantizationType.F32:
+        kind = (qtypes or {}).get(name, qtype)
+        if kind == Q.F32:
             w.add_tensor(name, arr)
-        elif qtype == GGMLQuantizationType.F16:
+        elif kind == Q.F16:
             w.add_tensor(name, arr.astype(np.float16))
         else:
-            w.add_tensor(name, quantize(arr, qtype), raw_dtype=qtype)
+            w.add_tensor(name, quantize_tensor(arr, kind), raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,0 +1,476 @@
+/* Native CPU kernels for decode-sized steps (built by kernels.py with the system C compiler).
+ *
+ * - sf_gemv_q8_0 / sf_gemv_q4_1: y[m, n] (+)= sum_k W[n, k] x[m, k] for a few rows m, with W
+ *   quantized in blocks of 32 along k (q8_0: int8 q, w = d q; q4_1: 4-bit q, w = d q + mn)
+ *   and x quantized per block of 32 to int8 on entry (as llama.cpp's q8 activations), so
+ *   the inner product is integer (AVX2 maddubs) and a token streams ~1 (q8_0) or ~0.6
+ *   (q4_1) bytes per weight instead of 4 (fp32). Single-row decode is memory-bound; this is
+ *   what makes it fast.
+ * - sf_attend_decode: one query token per sequence against its keys in the paged KV pool
+ *   (cells gathered by index), fp32, softmax with the running maximum subtracted.
+ * - sf_rms_norm: y = x / sqrt(mean(x^2) + eps) * w, rows of fp32.
+ *
+ * Work is split over a small persistent pthread pool (sf_set_threads): the caller runs part
+ * 0, workers spin briefly then sleep on a condition variable. Only one thread may call into
+ * this library at a time (the runtime steps are serial).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SF_AVX2 1
+#else
+#define SF_AVX2 0
+#endif
+
+#define QK 32
+#define MAX_THREADS 64
+#define SPIN_ROUNDS 20000
+
+/* ------------------------------------------------------------------ thread pool
+ *
+ * A task is split into parts that any thread claims from one atomic ticket:
+ * gen (32 bits) | parts (16) | next part (16). The caller publishes a task and claims parts
+ * like the workers, then waits only for the parts others claimed. So a worker that is asleep
+ * or descheduled (a busy machine) delays nothing but the part it holds: the caller takes the
+ * rest. A part is claimed by a CAS on a ticket of the current gen, and the caller reuses
+ * fn/arg only after every claimed part is done, so a worker always runs the task it claimed.
+ */
+
+typedef void (*task_fn)(void *arg, int part, int parts);
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic uint64_t ticket;
+    atomic_int done;
+    task_fn fn;
+    void *arg;
+    int n_workers;      /* started workers */
+    atomic_int active;  /* threads that take parts (caller included) */
+    pthread_t th[MAX_THREADS];
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+
+static inline void cpu_relax(void) {
+#if SF_AVX2
+    _mm_pause();
+#endif
+}
+
+/* Runs parts of the current task until none is left unclaimed. */
+static void work(void) {
+    uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+    for (;;) {
+        unsigned next = t & 0xffff, parts = (t >> 16) & 0xffff;
+        if (next >= parts) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        pool.fn(pool.arg, (int)next, (int)parts);
+        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+        t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+    }
+}
+
+static void *worker_main(void *p) {
+    int ith = (int)(intptr_t)p;
+    uint32_t seen = 0;
+    for (;;) {
+        uint64_t t;
+        int spins = 0;
+        while ((uint32_t)((t = atomic_load_explicit(&pool.ticket, memory_order_acquire)) >> 32) == seen) {
+            if (++spins < SPIN_ROUNDS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&pool.mu);
+            while ((uint32_t)((t = atomic_load_explicit(&pool.ticket, memory_order_acquire)) >> 32) == seen)
+                pthread_cond_wait(&pool.cv, &pool.mu);
+            pthread_mutex_unlock(&pool.mu);
+            break;
+        }
+        seen = (uint32_t)(t >> 32);
+        if (ith < atomic_load_explicit(&pool.active, memory_order_relaxed)) work();
+    }
+    return NULL;
+}
+
+/* Threads used by the next tasks (caller included); starts workers as needed. Returns the count. */
+int sf_set_threads(int n) {
+    if (n < 1) n = 1;
+    if (n > MAX_THREADS) n = MAX_THREADS;
+    while (pool.n_workers < n - 1) {
+        if (pthread_create(&pool.th[pool.n_workers], NULL, worker_main, (void *)(intptr_t)(pool.n_workers + 1)))
+            break;
+        pthread_detach(pool.th[pool.n_workers]);
+        pool.n_workers++;
+    }
+    int active = n <= pool.n_workers + 1 ? n : pool.n_workers + 1;
+    atomic_store(&pool.active, active);
+    return active;
+}
+
+/* fn(arg, part, parts) for every part in [0, parts), on the caller and the active workers. */
+static void run(task_fn fn, void *arg, int parts) {
+    if (parts > 0xffff) parts = 0xffff;
+    if (parts <= 1 || atomic_load_explicit(&pool.active, memory_order_relaxed) <= 1) {
+        for (int i = 0; i < parts; i++) fn(arg, i, parts);
+        return;
+    }
+    pool.fn = fn;
+    pool.arg = arg;
+    atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+    uint64_t gen = (atomic_load_explicit(&pool.ticket, memory_order_relaxed) >> 32) + 1;
+    pthread_mutex_lock(&pool.mu);
+    atomic_store_explicit(&pool.ticket, (gen << 32) | ((uint64_t)parts << 16), memory_order_release);
+    pthread_cond_broadcast(&pool.cv);
+    pthread_mutex_unlock(&pool.mu);
+    work();
+    /* every part is claimed; wait for those that workers hold (yield: they may need our core) */
+    for (int spins = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < parts; spins++) {
+        if (spins < 2000)
+            cpu_relax();
+        else
+            sched_yield();
+    }
+}
+
+/* How many parts to cut n items into: at least `grain` items each, at most 8 per thread. */
+static int n_parts(size_t n, size_t grain) {
+    int active = atomic_load_explicit(&pool.active, memory_order_relaxed);
+    size_t p = n / (grain ? grain : 1);
+    size_t cap = (size_t)8 * (active > 0 ? active : 1);
+    if (active <= 1) cap = 1;
+    return p < 1 ? 1 : (int)(p < cap ? p : cap);
+}
+
+static inline void split(int n, int part, int parts, int align, int *lo, int *hi) {
+    int per = (n + parts - 1) / parts;
+    per = (per + align - 1) / align * align;
+    *lo = part * per < n ? part * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+/* ------------------------------------------------------------ activation quantization */
+
+/* x [K] -> xq [K] int8 (round half to even, |q| <= 127), xd [K/QK] scales, xs [K/QK] sums of x. */
+static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs) {
+    for (int b = 0; b < K / QK; b++) {
+        const float *v = x + b * QK;
+        float amax = 0.f, sum = 0.f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(v[j]);
+            amax = a > amax ? a : amax;
+            sum += v[j];
+        }
+        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        for (int j = 0; j < QK; j++) xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
+        xd[b] = d;
+        xs[b] = sum;
+    }
+}
+
+/* --------------------------------------------------------------- block dot products */
+
+#if SF_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* One weight row (nb blocks) against one quantized x row. */
+static float dot_q8_0(const int8_t *wq, const float *wd, const int8_t *xq, const float *xd, int nb) {
+#if SF_AVX2
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+        /* maddubs wants unsigned x signed: |w| times x carrying w's sign (exact, no saturation
+         * since |w|, |x| <= 127). */
+        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[b] * xd[b]), acc);
+    }
+    return hsum8(acc);
+#else
+    float acc = 0.f;
+    for (int b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int j = 0; j < QK; j++) s += (int32_t)wq[b * QK + j] * xq[b * QK + j];
+        acc += (float)s * (wd[b] * xd[b]);
+    }
+    return acc;
+#endif
+}
+
+/* q4_1 row: qs [nb * 16] (byte j holds weight j in its low nibble and weight j + 16 in its high
+ * nibble, as GGUF), d and mn [nb]: w = d q + mn. */
+static float dot_q4_1(const uint8_t *qs, const float *wd, const float *wm, const int8_t *xq, const float *xd,
+                      const float *xs, int nb) {
+    float macc = 0.f;
+    for (int b = 0; b < nb; b++) macc += wm[b] * xs[b];
+#if SF_AVX2
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(qs + b * 16));
+        __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+        acc = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[b] * xd[b]), acc);
+    }
+    return hsum8(acc) + macc;
+#else
+    float acc = 0.f;
+    for (int b = 0; b < nb; b++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) {
+            s += (int32_t)(qs[b * 16 + j] & 15) * xq[b * QK + j];
+            s += (int32_t)(qs[b * 16 + j] >> 4) * xq[b * QK + j + 16];
+        }
+        acc += (float)s * (wd[b] * xd[b]);
+    }
+    return acc + macc;
+#endif
+}
+
+#if SF_AVX2
+/* Four weight rows at once against one x row: four independent accumulator chains (one
+ * row alone is bound by the FMA latency) and each x block loaded once. */
+static void dot4_q8_0(const int8_t *wq, const float *wd, size_t ldq, size_t ldd, const int8_t *xq, const float *xd,
+                      int nb, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+        for (int r = 0; r < 4; r++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + r * ldq + b * QK));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[r * ldd + b] * xd[b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
+}
+
+static void dot4_q4_1(const uint8_t *qs, const float *wd, const float *wm, size_t ldq, size_t ldd, const int8_t *xq,
+                      const float *xd, const float *xs, int nb, float *out) {
+    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float macc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int b = 0; b < nb; b++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
+        for (int r = 0; r < 4; r++) {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(qs + r * ldq + b * 16));
+            __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+            acc[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[r * ldd + b] * xd[b]), acc[r]);
+            macc[r] += wm[r * ldd + b] * xs[b];
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]) + macc[r];
+}
+#endif
+
+/* ------------------------------------------------------------------------ GEMV */
+
+typedef struct {
+    int kind; /* 0: q8_0, 1: q4_1 */
+    const void *wq;
+    const float *wd, *wm;
+    const int8_t *xq;
+    const float *xd, *xs;
+    float *y;
+    int M, N, K, accumulate;
+} gemv_task;
+
+static inline void put(const gemv_task *t, int m, int n, float v) {
+    float *o = t->y + (size_t)m * t->N + n;
+    *o = t->accumulate ? *o + v : v;
+}
+
+static void gemv_part(void *p, int part, int parts) {
+    const gemv_task *t = p;
+    int nb = t->K / QK, lo, hi;
+    size_t ldq = t->kind == 0 ? (size_t)t->K : (size_t)t->K / 2, ldd = (size_t)nb;
+    split(t->N, part, parts, 16, &lo, &hi);
+    int n = lo;
+#if SF_AVX2
+    for (; n + 4 <= hi; n += 4) {
+        for (int m = 0; m < t->M; m++) {
+            float v[4];
+            if (t->kind == 0)
+                dot4_q8_0((const int8_t *)t->wq + n * ldq, t->wd + n * ldd, ldq, ldd, t->xq + (size_t)m * t->K,
+                          t->xd + (size_t)m * nb, nb, v);
+            else
+                dot4_q4_1((const uint8_t *)t->wq + n * ldq, t->wd + n * ldd, t->wm + n * ldd, ldq, ldd,
+                          t->xq + (size_t)m * t->K, t->xd + (size_t)m * nb, t->xs + (size_t)m * nb, nb, v);
+            for (int r = 0; r < 4; r++) put(t, m, n + r, v[r]);
+        }
+    }
+#endif
+    for (; n < hi; n++) {
+        for (int m = 0; m < t->M; m++) {
+            float v;
+            if (t->kind == 0)
+                v = dot_q8_0((const int8_t *)t->wq + n * ldq, t->wd + n * ldd, t->xq + (size_t)m * t->K,
+                             t->xd + (size_t)m * nb, nb);
+            else
+                v = dot_q4_1((const uint8_t *)t->wq + n * ldq, t->wd + n * ldd, t->wm + n * ldd,
+                             t->xq + (size_t)m * t->K, t->xd + (size_t)m * nb, t->xs + (size_t)m * nb, nb);
+            put(t, m, n, v);
+        }
+    }
+}
+
+/* x [M, K] fp32 (K a multiple of 32) -> y [M, N] fp32; y += when accumulate. Returns 0, or -1
+ * when K is not a multiple of 32. */
+static int gemv(int kind, const void *wq, const float *wd, const float *wm, const float *x, float *y, int M, int N,
+                int K, int accumulate) {
+    if (K % QK) return -1;
+    int nb = K / QK;
+    int8_t *xq = malloc((size_t)M * K + 2 * sizeof(float) * (size_t)M * nb + 64);
+    if (!xq) return -2;
+    float *xd = (float *)(((uintptr_t)(xq + (size_t)M * K) + 15) & ~(uintptr_t)15);
+    float *xs = xd + (size_t)M * nb;
+    for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * nb, xs + (size_t)m * nb);
+    gemv_task t = {kind, wq, wd, wm, xq, xd, xs, y, M, N, K, accumulate};
+    /* parts of >= 32 rows and >= ~16k multiply-adds: less is not worth a hand-off */
+    size_t grain = 16384 / ((size_t)K * M) > 32 ? 16384 / ((size_t)K * M) : 32;
+    run(gemv_part, &t, n_parts((size_t)N, grain));
+    free(xq);
+    return 0;
+}
+
+int sf_gemv_q8_0(const int8_t *wq, const float *wd, const float *x, float *y, int M, int N, int K, int accumulate) {
+    return gemv(0, wq, wd, NULL, x, y, M, N, K, accumulate);
+}
+
+int sf_gemv_q4_1(const uint8_t *qs, const float *wd, const float *wm, const float *x, float *y, int M, int N, int K,
+                 int accumulate) {
+    return gemv(1, qs, wd, wm, x, y, M, N, K, accumulate);
+}
+
+/* ------------------------------------------------------------------- attention */
+
+typedef struct {
+    const float *q, *kc, *vc;
+    const int64_t *gather, *first, *lens;
+    float *out, scale;
+    int B, H, Hkv, d, L;
+} attn_task;
+
+static inline float dotf(const float *a, const float *b, int d) {
+#if SF_AVX2
+    if ((d & 7) == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < d; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+        return hsum8(acc);
+    }
+#endif
+    float s = 0.f;
+    for (int j = 0; j < d; j++) s += a[j] * b[j];
+    return s;
+}
+
+static void attn_part(void *p, int part, int parts) {
+    const attn_task *t = p;
+    int group = t->H / t->Hkv, items = t->B * t->Hkv, lo, hi;
+    split(items, part, parts, 1, &lo, &hi);
+    float *s = malloc(sizeof(float) * (size_t)t->L * group);
+    if (!s) return;
+    for (int it = lo; it < hi; it++) {
+        int b = it / t->Hkv, kh = it % t->Hkv, f = (int)t->first[b], L = (int)t->lens[b] - f;
+        const int64_t *g = t->gather + (size_t)b * t->L + f;
+        const float *q = t->q + ((size_t)b * t->H + (size_t)kh * group) * t->d;
+        float *o = t->out + ((size_t)b * t->H + (size_t)kh * group) * t->d;
+        for (int l = 0; l < L; l++) {
+            const float *k = t->kc + ((size_t)g[l] * t->Hkv + kh) * t->d;
+            for (int j = 0; j < group; j++) s[j * L + l] = dotf(q + (size_t)j * t->d, k, t->d) * t->scale;
+        }
+        for (int j = 0; j < group; j++) {
+            float *sj = s + (size_t)j * L, mx = -INFINITY, sum = 0.f;
+            for (int l = 0; l < L; l++) mx = sj[l] > mx ? sj[l] : mx;
+            for (int l = 0; l < L; l++) {
+                sj[l] = expf(sj[l] - mx);
+                sum += sj[l];
+            }
+            float inv = 1.f / sum, *oj = o + (size_t)j * t->d;
+            memset(oj, 0, sizeof(float) * t->d);
+            for (int l = 0; l < L; l++) {
+                const float *v = t->vc + ((size_t)g[l] * t->Hkv + kh) * t->d;
+                float w = sj[l] * inv;
+                for (int c = 0; c < t->d; c++) oj[c] += w * v[c];
+            }
+        }
+    }
+    free(s);
+}
+
+/* q [B, H, d]; kc, vc [S, Hkv, d]; gather [B, L] cells: row b attends to its entries
+ * first[b] .. lens[b] - 1 (a sliding window starts past 0); out [B, H, d]. Query head h reads
+ * kv head h / (H / Hkv). */
+int sf_attend_decode(const float *q, const float *kc, const float *vc, const int64_t *gather, const int64_t *first,
+                     const int64_t *lens, int B, int H, int Hkv, int d, int L, float scale, float *out) {
+    if (H % Hkv) return -1;
+    for (int b = 0; b < B; b++)
+        if (first[b] < 0 || lens[b] <= first[b] || lens[b] > L) return -1;
+    attn_task t = {q, kc, vc, gather, first, lens, out, scale, B, H, Hkv, d, L};
+    run(attn_part, &t, (size_t)B * L * H * d < 32768 ? 1 : n_parts((size_t)B * Hkv, 1));
+    return 0;
+}
+
+/* ------------------------------------------------------------------- RMS norm */
+
+/* x, y [M, D]; w [D]. Statistics in fp32 (as transformers for fp32 models). y may alias x. */
+void sf_rms_norm(const float *x, const float *w, float *y, int M, int D, float eps) {
+    for (int m = 0; m < M; m++) {
+        const float *r = x + (size_t)m * D;
+        float ss = 0.f;
+        for (int j = 0; j < D; j++) ss += r[j] * r[j];
+        float inv = 1.f / sqrtf(ss / D + eps);
+        for (int j = 0; j < D; j++) y[(size_t)m * D + j] = w[j] * (r[j] * inv);
+    }
+}
+
+/* ------------------------------------------------------------ RoPE + KV store */
+
+/* qkv [T, (H + 2 Hkv) d] (q heads, k heads, v heads); cos, sin [P, d] tables; pos [T];
+ * slots [T]. Rotates q and k (rotate-half: out_j = x_j cos_j - x_{j+d/2} sin_j,
+ * out_{j+d/2} = x_{j+d/2} cos_{j+d/2} + x_j sin_{j+d/2}), writes q to q_out [T, H, d] and
+ * k, v to kc, vc [S, Hkv, d] at cell slots[t]. */
+void sf_rope_kv(const float *qkv, int T, int H, int Hkv, int d, const float *cos, const float *sin,
+                const int64_t *pos, const int64_t *slots, float *kc, float *vc, float *q_out) {
+    int half = d / 2, width = (H + 2 * Hkv) * d;
+    for (int t = 0; t < T; t++) {
+        const float *row = qkv + (size_t)t * width, *c = cos + (size_t)pos[t] * d, *s = sin + (size_t)pos[t] * d;
+        for (int h = 0; h < H + Hkv; h++) {
+            const float *x = row + (size_t)h * d;
+            float *o = h < H ? q_out + ((size_t)t * H + h) * d : kc + ((size_t)slots[t] * Hkv + (h - H)) * d;
+            for (int j = 0; j < half; j++) {
+                float a = x[j], b = x[j + half];
+                o[j] = a * c[j] - b * s[j];
+                o[j + half] = b * c[j + half] + a * s[j + half];
+            }
+        }
+        memcpy(vc + (size_t)slots[t] * Hkv * d, row + (size_t)(H + Hkv) * d, sizeof(float) * (size_t)Hkv * d);
+    }
+}
+
+/* gu [T, 2F] (gate then up) -> out [T, F] = silu(gate) * up. */
+void sf_silu_mul(const float *gu, int T, int F, float *out) {
+    for (int t = 0; t < T; t++) {
+        const float *g = gu + (size_t)t * 2 * F, *u = g + F;
+        float *o = out + (size_t)t * F;
+        for (int j = 0; j < F; j++) o[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    }
+}

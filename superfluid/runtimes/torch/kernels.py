@@ -1,0 +1,264 @@
+"""Native CPU kernels (kernels.c): built once per machine with the system C compiler, loaded
+with ctypes, cached under $SUPERFLUID_CACHE (default ~/.cache/superfluid).
+
+``native()`` is None when no compiler or no build is possible; callers keep the torch path
+then. Every entry point works on contiguous fp32 CPU tensors and checks what it is given:
+a wrong shape or dtype is a ValueError here, never a read past a buffer in C.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.c")
+QK = 32  # quantization block along the reduction dimension
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_error: str | None = None
+_threads = 0
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SUPERFLUID_CACHE") or Path.home() / ".cache" / "superfluid")
+
+
+def _cpu_key() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        flags = next((ln for ln in info.splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    return platform.machine() + flags
+
+
+def _build() -> Path:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + _cpu_key().encode() + cc.encode()).hexdigest()[:16]
+    out = cache_dir() / f"kernels-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11", "-D_GNU_SOURCE"]
+    errors = []
+    for arch in (["-march=native"], []):  # native ISA (AVX2/FMA) first; portable C otherwise
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        proc = subprocess.run([cc, *base, *arch, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode == 0:
+            os.replace(tmp, out)  # atomic: concurrent builders leave one good file
+            return out
+        os.unlink(tmp)
+        errors.append(proc.stderr.strip()[-2000:])
+    raise RuntimeError("building kernels.c failed: " + " | ".join(errors))
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    lib.sf_set_threads.argtypes, lib.sf_set_threads.restype = [I], I
+    lib.sf_gemv_q8_0.argtypes, lib.sf_gemv_q8_0.restype = [P, P, P, P, I, I, I, I], I
+    lib.sf_gemv_q4_1.argtypes, lib.sf_gemv_q4_1.restype = [P, P, P, P, P, I, I, I, I], I
+    lib.sf_attend_decode.argtypes = [P, P, P, P, P, P, I, I, I, I, I, F, P]
+    lib.sf_attend_decode.restype = I
+    lib.sf_rms_norm.argtypes, lib.sf_rms_norm.restype = [P, P, P, I, I, F], None
+    lib.sf_rope_kv.argtypes, lib.sf_rope_kv.restype = [P, I, I, I, I, P, P, P, P, P, P, P], None
+    lib.sf_silu_mul.argtypes, lib.sf_silu_mul.restype = [P, I, I, P], None
+
+
+def native() -> ctypes.CDLL | None:
+    """The loaded library, building it on first use; None (see ``native_error()``) if impossible."""
+    global _lib, _error
+    with _lock:
+        if _lib is None and _error is None:
+            if os.environ.get("SUPERFLUID_NO_NATIVE"):
+                _error = "disabled by SUPERFLUID_NO_NATIVE"
+                return None
+            try:
+                lib = ctypes.CDLL(str(_build()))
+                _bind(lib)
+                _lib = lib
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                _error = str(e)
+        if _lib is not None:
+            _sync_threads(_lib)
+        return _lib
+
+
+def native_error() -> str | None:
+    return _error
+
+
+def _sync_threads(lib: ctypes.CDLL) -> None:
+    global _threads
+    n = torch.get_num_threads()
+    if n != _threads:
+        _threads = lib.sf_set_threads(n)
+
+
+def _f32(t: torch.Tensor, name: str) -> None:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(f"{name}: contiguous float32 CPU tensor expected, got {t.dtype} on {t.device}")
+
+
+# ----------------------------------------------------------------- quantized matrices
+
+
+class QMat:
+    """A weight matrix [N, K] quantized in blocks of 32 along K.
+
+    q8_0: q int8 [N, K], d float32 [N, K/32]: w = d q.
+    q4_1: q uint8 [N, K/2] (byte j of a block: weight j low nibble, weight j + 16 high),
+          d, mn float32 [N, K/32]: w = d q + mn.
+    """
+
+    __slots__ = ("kind", "q", "d", "mn", "N", "K")
+
+    def __init__(self, w: torch.Tensor, kind: str):
+        if w.dim() != 2 or w.shape[1] % QK:
+            raise ValueError(f"cannot quantize a {list(w.shape)} matrix in blocks of {QK}")
+        self.kind, (self.N, self.K) = kind, w.shape
+        blocks = w.detach().to(torch.float32, copy=True).view(self.N, self.K // QK, QK)
+        if kind == "q8_0":
+            amax = blocks.abs().amax(-1)
+            d = amax / 127
+            q = torch.where(d[..., None] > 0, blocks / d.clamp_min(1e-30)[..., None], torch.zeros_like(blocks))
+            self.q = q.round().clamp(-127, 127).to(torch.int8).view(self.N, self.K).contiguous()
+            self.d, self.mn = d.contiguous(), None
+        elif kind == "q4_1":
+            lo, hi = blocks.amin(-1), blocks.amax(-1)
+            d = (hi - lo) / 15
+            q = torch.where(d[..., None] > 0, (blocks - lo[..., None]) / d.clamp_min(1e-30)[..., None],
+                            torch.zeros_like(blocks)).round().clamp(0, 15).to(torch.uint8)
+            self.q = (q[..., :16] | (q[..., 16:] << 4)).reshape(self.N, self.K // 2).contiguous()
+            self.d, self.mn = d.contiguous(), lo.contiguous()
+        else:
+            raise ValueError(f"unknown quantization {kind!r}; one of q8_0, q4_1")
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 [N, K] matrix the kernel multiplies by."""
+        if self.kind == "q8_0":
+            return (self.q.view(self.N, -1, QK).float() * self.d[..., None]).view(self.N, self.K)
+        q = self.q.view(self.N, -1, 16)
+        q = torch.cat([q & 15, q >> 4], dim=-1).float()
+        return (q * self.d[..., None] + self.mn[..., None]).view(self.N, self.K)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.mn) if t is not None)
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernel does to x before the integer products (for tests): per block of 32,
+    int8 with scale amax / 127, rounded half to even."""
+    b = x.float().view(*x.shape[:-1], -1, QK)
+    amax = b.abs().amax(-1, keepdim=True)
+    q = torch.where(amax > 0, (b * (127 / amax.clamp_min(1e-30))).round(), torch.zeros_like(b))
+    return (q * (amax / 127)).view(x.shape)
+
+
+def gemv(x: torch.Tensor, m: QMat, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+    """x [M, K] float32 -> [M, N] float32 (out += x W^T when accumulate)."""
+    lib = native()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable: {native_error()}")
+    _f32(x, "x")
+    if x.dim() != 2 or x.shape[1] != m.K:
+        raise ValueError(f"x has shape {list(x.shape)}, expected [M, {m.K}]")
+    M = x.shape[0]
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate needs out")
+        out = torch.empty(M, m.N, dtype=torch.float32)
+    else:
+        _f32(out, "out")
+        if tuple(out.shape) != (M, m.N):
+            raise ValueError(f"out has shape {list(out.shape)}, expected [{M}, {m.N}]")
+    if m.kind == "q8_0":
+        rc = lib.sf_gemv_q8_0(m.q.data_ptr(), m.d.data_ptr(), x.data_ptr(), out.data_ptr(), M, m.N, m.K, int(accumulate))
+    else:
+        rc = lib.sf_gemv_q4_1(m.q.data_ptr(), m.d.data_ptr(), m.mn.data_ptr(), x.data_ptr(), out.data_ptr(), M, m.N,
+                              m.K, int(accumulate))
+    if rc:
+        raise RuntimeError(f"sf_gemv_{m.kind} failed ({rc})")
+    return out
+
+
+def attend_decode(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather: torch.Tensor, first: torch.Tensor,
+                  lens: torch.Tensor, check_cells: bool = True) -> torch.Tensor:
+    """One query per sequence. q [B, H, d]; kc, vc [S, Hkv, d]; gather [B, L] int64 cells;
+    row b attends to its entries first[b] .. lens[b] - 1. -> [B, H, d] float32.
+    ``check_cells=False`` skips the range check of gather (a caller that checked it once per step)."""
+    lib = native()
+    for t, n in ((q, "q"), (kc, "kc"), (vc, "vc")):
+        _f32(t, n)
+    B, H, d = q.shape
+    S, Hkv, dk = kc.shape
+    if dk != d or vc.shape != kc.shape or H % Hkv:
+        raise ValueError("attend_decode: q, kc and vc shapes disagree")
+    for t in (gather, first, lens):
+        if t.dtype != torch.int64 or t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError("attend_decode: gather, first and lens: contiguous int64 CPU tensors expected")
+    if gather.dim() != 2 or gather.shape[0] != B or tuple(lens.shape) != (B,) or tuple(first.shape) != (B,):
+        raise ValueError("attend_decode: gather [B, L], first [B] and lens [B] expected")
+    L = gather.shape[1]
+    if check_cells and B and (int(gather.min()) < 0 or int(gather.max()) >= S):
+        raise ValueError("attend_decode: cell index out of range")
+    out = torch.empty_like(q)
+    if lib.sf_attend_decode(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), gather.data_ptr(), first.data_ptr(),
+                            lens.data_ptr(), B, H, Hkv, d, L, d ** -0.5, out.data_ptr()):
+        raise ValueError("attend_decode: need 0 <= first < lens <= L for every row")
+    return out
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    lib = native()
+    _f32(x, "x")
+    _f32(w, "w")
+    if x.dim() != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError("rms_norm: x [M, D] and w [D] expected")
+    out = torch.empty_like(x)
+    lib.sf_rms_norm(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+    return out
+
+
+def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+            kc: torch.Tensor, vc: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """RoPE on the q and k heads of qkv [T, (H + 2 Hkv) d]; k and v stored at cells ``slots``
+    of kc, vc [S, Hkv, d]; returns q [T, H, d]. positions index the cos/sin tables [P, d].
+    The caller owns the ranges: positions < P and slots < S (the runtime checks both per step)."""
+    lib = native()
+    for t, n in ((qkv, "qkv"), (cos, "cos"), (sin, "sin"), (kc, "kc"), (vc, "vc")):
+        _f32(t, n)
+    T = qkv.shape[0]
+    S, Hkv, d = kc.shape
+    if qkv.shape[1] != (n_heads + 2 * Hkv) * d or cos.shape[1] != d or positions.shape != (T,) \
+            or slots.shape != (T,) or positions.dtype != torch.int64 or slots.dtype != torch.int64 \
+            or not positions.is_contiguous() or not slots.is_contiguous():
+        raise ValueError("rope_kv: shapes disagree")
+    q = torch.empty(T, n_heads, d)
+    lib.sf_rope_kv(qkv.data_ptr(), T, n_heads, Hkv, d, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                   slots.data_ptr(), kc.data_ptr(), vc.data_ptr(), q.data_ptr())
+    return q
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """gu [T, 2F] (gate, up) -> silu(gate) * up [T, F]."""
+    lib = native()
+    _f32(gu, "gu")
+    T, F2 = gu.shape
+    out = torch.empty(T, F2 // 2)
+    lib.sf_silu_mul(gu.data_ptr(), T, F2 // 2, out.data_ptr())
+    return out

@@ -1,0 +1,91 @@
+"""The forward on the native CPU kernels (kernels.c), when the runtime is built with
+``quant`` ("q8_0" or "q4_1"): a layer is nine native calls instead of ~30 torch ops, which
+is what a one-token decode step is made of.
+
+- Products with at most ``QROWS`` rows (decode steps) use the quantized GEMV (weights
+  quantized once at load, activations per block of 32 on entry); larger ones (prefill) keep
+  the fp32 GEMM on the full-precision weights, where the step is compute-bound and
+  quantization would buy nothing. Residual adds accumulate into the stream in place.
+- A decode-only step attends in one native call per layer; other steps use the torch kernel.
+- RoPE + the K/V store, RMS norm and SiLU-gating are one native call each.
+
+Numerics: a row's result does not depend on the other rows of its step, but a product's
+route does (QROWS), so this mode is not batch-invariant and refuses ``deterministic``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from .attention import StepMeta, attend
+
+QROWS = 8  # products with more rows than this run as fp32 GEMMs
+QUANT_KINDS = ("q8_0", "q4_1")
+
+
+def require(quant: str, device: torch.device, deterministic: bool) -> None:
+    """Raise ValueError unless the native quantized path can run here."""
+    if quant not in QUANT_KINDS:
+        raise ValueError(f"unknown quant {quant!r}; one of {', '.join(QUANT_KINDS)}")
+    if device.type != "cpu":
+        raise ValueError(f"quant={quant} runs the native CPU kernels; device is {device}")
+    if deterministic:
+        raise ValueError("quant is not batch-invariant (small and large products take different kernels); "
+                         "drop quant or deterministic")
+    if kernels.native() is None:
+        raise ValueError(f"quant={quant} needs the native kernels, which could not be built: {kernels.native_error()}")
+
+
+def linear(x: torch.Tensor, m, b: torch.Tensor | None = None) -> torch.Tensor:
+    if m.q is not None and x.shape[0] <= QROWS:
+        out = kernels.gemv(x.contiguous(), m.q)
+        return out.add_(b) if b is not None else out
+    return torch.nn.functional.linear(x, m.w, b)
+
+
+def add_linear(x: torch.Tensor, y: torch.Tensor, m) -> torch.Tensor:
+    """x + y W^T; in place on x (contiguous fp32, owned by the forward) on the native route."""
+    if m.q is not None and y.shape[0] <= QROWS:
+        return kernels.gemv(y.contiguous(), m.q, out=x, accumulate=True)
+    return x + torch.nn.functional.linear(y, m.w)
+
+
+def _decode_span(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per decode row: the first key it sees and its key count (position + 1), once per step.
+    The gather is built by the runtime from its own block tables, so its cells are in range."""
+    if meta.native_span is None:
+        lens = (meta.positions + 1).contiguous()
+        first = (lens - window).clamp_min(0) if window is not None else torch.zeros_like(lens)
+        meta.native_span = (first.contiguous(), lens)
+    return meta.native_span
+
+
+def attend_native(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta,
+                  window: int | None) -> torch.Tensor:
+    if not meta.decode_only:
+        return attend(q, kc, vc, meta, window=window)
+    first, lens = _decode_span(meta, window)
+    return kernels.attend_decode(q, kc, vc, meta.gather, first, lens, check_cells=False)
+
+
+@torch.inference_mode()
+def forward(model, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
+    """Llama.forward on the native kernels (model: a Llama built with quant; fp32 on CPU)."""
+    cfg = model.cfg
+    T, H, d, eps = tokens.shape[0], cfg.n_heads, cfg.head_dim, cfg.rms_eps
+    x = model.embed.index_select(0, tokens)  # [T, D], ours: the residual adds go into it
+    for li, L in enumerate(model.layers):
+        kc, vc = kv_k[li], kv_v[li]
+        qkv = linear(kernels.rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv)
+        q = kernels.rope_kv(qkv, model.cos, model.sin, meta.positions, meta.slots, kc, vc, H)
+        a = attend_native(q, kc, vc, meta, cfg.sliding_window)  # [T, H, d]
+        x = add_linear(x, a.view(T, H * d), L.wo)
+        gu = linear(kernels.rms_norm(x, L.ffn_norm, eps), L.wgu)
+        if T <= QROWS:
+            act = kernels.silu_mul(gu)
+        else:  # prefill: torch's multi-threaded elementwise ops
+            g, u = gu.chunk(2, dim=-1)
+            act = torch.nn.functional.silu(g) * u
+        x = add_linear(x, act, L.wdown)
+    return kernels.rms_norm(x, model.norm, eps)

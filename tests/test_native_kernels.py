@@ -1,0 +1,234 @@
+"""The native CPU kernels (superfluid/runtimes/torch/kernels.c) against torch references,
+and the runtime's quant mode (native.py) on a tiny model. Fast (no real model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from superfluid.runtimes.base import Feed
+from superfluid.runtimes.torch import TorchRuntime, kernels
+from superfluid.runtimes.torch.llama import Llama
+from superfluid.runtimes.torch.tiny import write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(kernels.native() is None, reason=f"no native kernels: {kernels.native_error()}")
+
+PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]
+
+
+@pytest.fixture
+def threads():
+    """Restores torch's thread count (the kernels follow it)."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def reference_gemv(x: torch.Tensor, m: kernels.QMat) -> torch.Tensor:
+    """What the kernel computes, in float64: int8 activations per block times the quantized
+    weights; q4_1's offset term uses the exact block sums of x."""
+    xq = kernels.quantize_activations(x).double()
+    w = m.dequantize().double()
+    if m.kind == "q8_0":
+        return (xq @ w.T).float()
+    mn = m.mn.double()
+    scaled = w - mn.repeat_interleave(kernels.QK, 1)
+    sums = x.double().view(x.shape[0], -1, kernels.QK).sum(-1)
+    return (xq @ scaled.T + sums @ mn.T).float()
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
+@pytest.mark.parametrize("N,K,M", [(960, 576, 1), (577, 1536, 3), (5, 64, 9), (49152 // 8, 576, 2)])
+def test_gemv_matches_reference(kind, N, K, M):
+    g = torch.Generator().manual_seed(N + K + M)
+    w = torch.randn(N, K, generator=g) * 0.05
+    x = torch.randn(M, K, generator=g)
+    m = kernels.QMat(w, kind)
+    y = kernels.gemv(x, m)
+    ref = reference_gemv(x, m)
+    assert (y - ref).abs().max() <= 2e-5 * ref.abs().max()
+    # and close to the full-precision product (q8_0: ~1%, q4_1 of gaussian weights: ~10%)
+    exact = x @ w.T
+    assert (y - exact).abs().max() <= (0.03 if kind == "q8_0" else 0.2) * exact.abs().max()
+    acc = torch.randn(M, N, generator=g)
+    assert torch.allclose(kernels.gemv(x, m, acc.clone(), accumulate=True), acc + y, atol=1e-5)
+
+
+def test_q4_1_requantizes_q4_1_weights_losslessly():
+    # Weights that already are q4_1 values (d q + mn with q spanning 0..15) come back as they were.
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 16, (64, 4, 32), generator=g).float()
+    q[..., 0], q[..., 1] = 0, 15
+    d = torch.rand(64, 4, 1, generator=g) * 0.01 + 1e-3
+    mn = -torch.rand(64, 4, 1, generator=g) * 0.1
+    w = (q * d + mn).view(64, 128)
+    assert torch.allclose(kernels.QMat(w, "q4_1").dequantize(), w, atol=1e-7)
+
+
+def test_results_do_not_depend_on_threads_or_batch(threads):
+    g = torch.Generator().manual_seed(1)
+    m = kernels.QMat(torch.randn(3000, 576, generator=g), "q4_1")
+    x = torch.randn(5, 576, generator=g)
+    torch.set_num_threads(1)
+    one = kernels.gemv(x, m)
+    torch.set_num_threads(2)
+    two = kernels.gemv(x, m)
+    alone = torch.cat([kernels.gemv(x[i: i + 1], m) for i in range(5)])
+    assert torch.equal(one, two) and torch.equal(one, alone)
+
+
+def test_gemv_rejects_bad_input():
+    m = kernels.QMat(torch.randn(8, 64), "q8_0")
+    with pytest.raises(ValueError, match="shape"):
+        kernels.gemv(torch.randn(1, 32), m)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.gemv(torch.randn(1, 64, dtype=torch.float64), m)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.gemv(torch.randn(64, 2).T, m)  # not contiguous
+    with pytest.raises(ValueError, match="out"):
+        kernels.gemv(torch.randn(1, 64), m, torch.empty(1, 7))
+    with pytest.raises(ValueError, match="blocks of 32"):
+        kernels.QMat(torch.randn(8, 48), "q8_0")
+    with pytest.raises(ValueError, match="unknown quantization"):
+        kernels.QMat(torch.randn(8, 64), "q2")
+
+
+def reference_attend(q, kc, vc, gather, first, lens):
+    B, H, d = q.shape
+    group = H // kc.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        cells = gather[b, first[b]: lens[b]]
+        k = kc[cells].transpose(0, 1).repeat_interleave(group, 0)  # [H, L, d]
+        v = vc[cells].transpose(0, 1).repeat_interleave(group, 0)
+        p = torch.softmax(q[b][:, None] @ k.transpose(1, 2) * d ** -0.5, -1)
+        out[b] = (p @ v)[:, 0]
+    return out
+
+
+@pytest.mark.parametrize("H,Hkv,d", [(9, 3, 64), (4, 4, 16), (8, 1, 32)])
+def test_attend_decode_matches_reference(H, Hkv, d):
+    g = torch.Generator().manual_seed(H * d)
+    B, S, L = 4, 300, 120
+    q, kc, vc = torch.randn(B, H, d, generator=g), torch.randn(S, Hkv, d, generator=g), torch.randn(S, Hkv, d, generator=g)
+    gather = torch.randint(0, S, (B, L), generator=g)
+    lens = torch.tensor([1, 120, 37, 64])
+    first = torch.tensor([0, 0, 20, 63])  # rows 2 and 3: a sliding window
+    out = kernels.attend_decode(q, kc, vc, gather, first, lens)
+    assert torch.allclose(out, reference_attend(q, kc, vc, gather, first, lens), atol=2e-6)
+
+
+def test_attend_decode_rejects_bad_spans():
+    q, kc = torch.randn(1, 4, 16), torch.randn(10, 2, 16)
+    gather = torch.zeros(1, 5, dtype=torch.int64)
+    z = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="first < lens"):
+        kernels.attend_decode(q, kc, kc, gather, z, torch.tensor([6]))
+    with pytest.raises(ValueError, match="first < lens"):
+        kernels.attend_decode(q, kc, kc, gather, torch.tensor([3]), torch.tensor([3]))
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.attend_decode(q, kc, kc, gather + 10, z, torch.tensor([5]))
+
+
+def test_rope_kv_rms_norm_silu_match_torch():
+    g = torch.Generator().manual_seed(7)
+    T, H, Hkv, d, S = 3, 4, 2, 16, 20
+    qkv = torch.randn(T, (H + 2 * Hkv) * d, generator=g)
+    pos, slots = torch.tensor([0, 5, 9]), torch.tensor([3, 17, 8])
+    ang = torch.arange(12)[:, None] * torch.rand(d // 2, generator=g)[None]
+    emb = torch.cat([ang, ang], -1)
+    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+    kc, vc = torch.zeros(S, Hkv, d), torch.zeros(S, Hkv, d)
+    q = kernels.rope_kv(qkv, cos, sin, pos, slots, kc, vc, H)
+    qk = Llama.rope(qkv[:, : (H + Hkv) * d].view(T, H + Hkv, d), cos[pos][:, None], sin[pos][:, None])
+    assert torch.allclose(q, qk[:, :H], atol=1e-6)
+    assert torch.allclose(kc[slots], qk[:, H:], atol=1e-6)
+    assert torch.equal(vc[slots], qkv[:, (H + Hkv) * d:].view(T, Hkv, d))
+    assert kc[[i for i in range(S) if i not in slots.tolist()]].abs().sum() == 0  # nothing else written
+    x, w = torch.randn(5, 64, generator=g), torch.randn(64, generator=g)
+    assert torch.allclose(kernels.rms_norm(x, w, 1e-5), F.rms_norm(x, (64,), w, 1e-5), atol=1e-5)
+    gu = torch.randn(4, 256, generator=g)
+    assert torch.allclose(kernels.silu_mul(gu), F.silu(gu[:, :128]) * gu[:, 128:], atol=1e-5)
+
+
+# ---------------------------------------------------------------- runtime quant mode
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("native") / "llama.gguf"
+    write_tiny_gguf(path)
+    return path
+
+
+def decode_rows(rt, tokens):
+    """Rows after each token, feeding the prompt one token per step (the quantized route)."""
+    s = rt.seq_create()
+    rows = [rt.step([Feed(s, [t], True)])[0] for t in tokens]
+    rt.seq_free(s)
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_1"])
+def test_quant_runtime_close_to_fp32(tiny, quant):
+    exact = TorchRuntime(tiny, dtype="float32", kv_cache_mb=4)
+    rt = TorchRuntime(tiny, kv_cache_mb=4, quant=quant)
+    assert rt.desc.runtime_id.endswith(":" + quant)
+    ref, got = decode_rows(exact, PROMPT), decode_rows(rt, PROMPT)
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < (0.05 if quant == "q8_0" else 0.25), err
+    agree = (got.argmax(-1) == ref.argmax(-1)).mean()
+    assert agree >= (0.9 if quant == "q8_0" else 0.6), agree
+    # prefill (more than QROWS rows) keeps the full-precision weights: same rows as fp32 mode
+    s = rt.seq_create()
+    rows = np.stack(rt.step_rows([Feed(s, PROMPT, True)])[0])
+    s2 = exact.seq_create()
+    rows_exact = np.stack(exact.step_rows([Feed(s2, PROMPT, True)])[0])
+    assert np.abs(rows - rows_exact).max() < 1e-4
+
+
+def test_quant_decode_rows_do_not_depend_on_the_batch(tiny):
+    # Each prompt prefilled on its own (the same route either way), then one decode step of
+    # three lanes together vs each lane alone: bit-identical rows.
+    rt = TorchRuntime(tiny, kv_cache_mb=4, quant="q8_0")
+    prompts = [PROMPT[:7], PROMPT[3:15], PROMPT[5:9]]
+
+    def prefilled():
+        seqs = [rt.seq_create() for _ in prompts]
+        for s, p in zip(seqs, prompts):
+            rt.step([Feed(s, p, False)])
+        return seqs
+
+    together = rt.step([Feed(s, [42], True) for s in prefilled()])
+    for s, row in zip(prefilled(), together):
+        (alone,) = rt.step([Feed(s, [42], True)])
+        assert np.array_equal(alone, row)
+
+
+def test_quant_greedy_through_step_sampled_matches_step(tiny):
+    from superfluid.runtimes.base import SampleSpec
+
+    rt = TorchRuntime(tiny, kv_cache_mb=4, quant="q4_1")
+    a, b = rt.seq_create(), rt.seq_create()
+    rt.step([Feed(a, PROMPT, False), Feed(b, PROMPT, False)])
+    tok_a = tok_b = PROMPT[-1]
+    for _ in range(8):
+        (tok_a,) = rt.step_sampled([Feed(a, [tok_a], True)], [SampleSpec(0.0, 0, 1.0, 0.0, 0)])
+        (row,) = rt.step([Feed(b, [tok_b], True)])
+        tok_b = int(np.argmax(row))
+        assert tok_a == tok_b
+
+
+def test_quant_refusals(tiny, monkeypatch):
+    with pytest.raises(ValueError, match="batch-invariant"):
+        TorchRuntime(tiny, kv_cache_mb=4, quant="q8_0", deterministic=True)
+    with pytest.raises(ValueError, match="unknown quant"):
+        TorchRuntime(tiny, kv_cache_mb=4, quant="q3")
+    with pytest.raises(ValueError, match="float32"):
+        TorchRuntime(tiny, kv_cache_mb=4, quant="q8_0", dtype="float16")
+    monkeypatch.setattr(kernels, "_lib", None)
+    monkeypatch.setattr(kernels, "_error", "no compiler here")
+    with pytest.raises(ValueError, match="no compiler here"):
+        TorchRuntime(tiny, kv_cache_mb=4, quant="q8_0")
