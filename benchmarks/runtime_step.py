@@ -7,9 +7,11 @@ Figures (tokens per second, median of --repeats):
   (transformers: generate(N + 1 new) minus generate(1 new)).
 - decode@1: the same with one sequence.
 Each figure is also written as a ratio ours / transformers. Transformers runs in bf16
-(its reference setting); ours in --dtype (default: the runtime's default for this CPU).
+(its reference setting); ours in --dtype (default: the runtime's default for this CPU), and
+with --quant also in each quant mode (native kernels, block-quantized decode weights).
+Every repeat runs all sides in turn, so a change of machine load hits them alike.
 
-    .venv/bin/python benchmarks/runtime_step.py [--dtype float32|bfloat16] [--repeats 3]
+    .venv/bin/python benchmarks/runtime_step.py [--dtype float32|bfloat16] [--quant q8_0,q4_1] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -78,13 +80,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--quant", default="", help="also measure these quant modes, comma-separated (q8_0,q4_1)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "runtime_step.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    rt = TorchRuntime(args.model, dtype=args.dtype)
+    variants = {"ours": TorchRuntime(args.model, dtype=args.dtype)}
+    for q in filter(None, args.quant.split(",")):
+        variants[f"ours_{q}"] = TorchRuntime(args.model, quant=q)
     path = resolve_model(args.model)
     from transformers import AutoModelForCausalLM
 
@@ -94,21 +99,32 @@ def main() -> None:
     prompt512 = rng.integers(100, 40000, 512).tolist()
     p32 = [rng.integers(100, 40000, 32).tolist() for _ in range(32)]
     cases = {
-        "prefill_512": (lambda: ours_prefill(rt, prompt512), lambda: hf_prefill(hf, prompt512)),
-        "decode_32": (lambda: ours_decode(rt, p32, 16), lambda: hf_decode(hf, p32, 16)),
-        "decode_1": (lambda: ours_decode(rt, p32[:1], 32), lambda: hf_decode(hf, p32[:1], 32)),
+        "prefill_512": (lambda rt: ours_prefill(rt, prompt512), lambda: hf_prefill(hf, prompt512)),
+        "decode_32": (lambda rt: ours_decode(rt, p32, 16), lambda: hf_decode(hf, p32, 16)),
+        "decode_1": (lambda rt: ours_decode(rt, p32[:1], 32), lambda: hf_decode(hf, p32[:1], 32)),
     }
     results = {}
     for name, (ours, theirs) in cases.items():
-        ours(), theirs()  # warm up
-        a = [ours() for _ in range(args.repeats)]
-        b = [theirs() for _ in range(args.repeats)]
-        results[name] = {"ours_tok_s": statistics.median(a), "transformers_tok_s": statistics.median(b),
-                         "ratio": statistics.median(a) / statistics.median(b), "ours_all": a, "transformers_all": b}
-        print(f"{name:12s} ours {results[name]['ours_tok_s']:8.1f} tok/s  transformers "
-              f"{results[name]['transformers_tok_s']:8.1f} tok/s  ratio {results[name]['ratio']:.2f}", flush=True)
+        for rt in variants.values():
+            ours(rt)  # warm up
+        theirs()
+        runs: dict[str, list[float]] = {k: [] for k in variants}
+        b = []
+        for _ in range(args.repeats):  # alternate, so drifting machine load hits every side alike
+            for k, rt in variants.items():
+                runs[k].append(ours(rt))
+            b.append(theirs())
+        base = statistics.median(b)
+        results[name] = {"transformers_tok_s": base, "transformers_all": b}
+        line = f"{name:12s} transformers {base:8.1f} tok/s"
+        for k, a in runs.items():
+            med = statistics.median(a)
+            results[name][k] = {"tok_s": med, "ratio": med / base, "all": a}
+            line += f" | {k} {med:8.1f} ({med / base:.2f}x)"
+        print(line, flush=True)
     report = {
-        "benchmark": "runtime_step", "model": str(args.model), "ours_dtype": str(rt.dtype),
+        "benchmark": "runtime_step", "model": str(args.model), "ours_dtype": str(variants["ours"].dtype),
+        "quant": [k.removeprefix("ours_") for k in variants if k != "ours"],
         "transformers_dtype": "torch.bfloat16", "threads": args.threads, "repeats": args.repeats,
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
         "load_avg": list(__import__("os").getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -27,16 +27,9 @@ def threads():
 
 
 def reference_gemv(x: torch.Tensor, m: kernels.QMat) -> torch.Tensor:
-    """What the kernel computes, in float64: int8 activations per block times the quantized
-    weights; q4_1's offset term uses the exact block sums of x."""
-    xq = kernels.quantize_activations(x).double()
-    w = m.dequantize().double()
-    if m.kind == "q8_0":
-        return (xq @ w.T).float()
-    mn = m.mn.double()
-    scaled = w - mn.repeat_interleave(kernels.QK, 1)
-    sums = x.double().view(x.shape[0], -1, kernels.QK).sum(-1)
-    return (xq @ scaled.T + sums @ mn.T).float()
+    """What the kernel computes, in float64: int8 activations per block (dequantized) times
+    the quantized weights."""
+    return (kernels.quantize_activations(x).double() @ m.dequantize().double().T).float()
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])
@@ -182,10 +175,13 @@ def test_quant_runtime_close_to_fp32(tiny, quant):
     agree = (got.argmax(-1) == ref.argmax(-1)).mean()
     assert agree >= (0.9 if quant == "q8_0" else 0.6), agree
     # prefill (more than QROWS rows) keeps the full-precision weights: same rows as fp32 mode
+    from superfluid.runtimes.torch import native
+
+    long = (PROMPT * 3)[: native.QROWS + 5]
     s = rt.seq_create()
-    rows = np.stack(rt.step_rows([Feed(s, PROMPT, True)])[0])
+    rows = np.stack(rt.step_rows([Feed(s, long, True)])[0])
     s2 = exact.seq_create()
-    rows_exact = np.stack(exact.step_rows([Feed(s2, PROMPT, True)])[0])
+    rows_exact = np.stack(exact.step_rows([Feed(s2, long, True)])[0])
     assert np.abs(rows - rows_exact).max() < 1e-4
 
 
@@ -205,6 +201,16 @@ def test_quant_decode_rows_do_not_depend_on_the_batch(tiny):
     for s, row in zip(prefilled(), together):
         (alone,) = rt.step([Feed(s, [42], True)])
         assert np.array_equal(alone, row)
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_1"])
+def test_whole_step_decode_equals_op_by_op(tiny, monkeypatch, quant):
+    from superfluid.runtimes.torch import native
+
+    rt = TorchRuntime(tiny, kv_cache_mb=4, quant=quant)
+    whole = decode_rows(rt, PROMPT)
+    monkeypatch.setattr(native, "WHOLE_STEP", False)
+    assert np.array_equal(decode_rows(rt, PROMPT), whole)
 
 
 def test_quant_greedy_through_step_sampled_matches_step(tiny):

@@ -158,20 +158,26 @@ static inline void split(int n, int part, int parts, int align, int *lo, int *hi
 
 /* ------------------------------------------------------------ activation quantization */
 
-/* x [K] -> xq [K] int8 (round half to even, |q| <= 127), xd [K/QK] scales, xs [K/QK] sums of x. */
+/* x [K] -> xq [K] int8 (round half to even, |q| <= 127), xd [K/QK] scales, xs [K/QK] the
+ * quantized block sums d * sum(q). q4_1's offset term uses xs: with the quantized sum the
+ * product is exactly dequant(x) . (d q + mn), whose error is that of x against the centred
+ * weights; the exact sum would leave it against d q alone (all >= 0, so far larger). */
 static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs) {
     for (int b = 0; b < K / QK; b++) {
         const float *v = x + b * QK;
-        float amax = 0.f, sum = 0.f;
+        float amax = 0.f;
         for (int j = 0; j < QK; j++) {
             float a = fabsf(v[j]);
             amax = a > amax ? a : amax;
-            sum += v[j];
         }
         float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        for (int j = 0; j < QK; j++) xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
+            sum += xq[b * QK + j];
+        }
         xd[b] = d;
-        xs[b] = sum;
+        xs[b] = d * (float)sum;
     }
 }
 
@@ -473,4 +479,67 @@ void sf_silu_mul(const float *gu, int T, int F, float *out) {
         float *o = out + (size_t)t * F;
         for (int j = 0; j < F; j++) o[j] = g[j] / (1.f + expf(-g[j])) * u[j];
     }
+}
+
+/* ------------------------------------------------------- whole decode forward */
+
+typedef struct {
+    const void *q; /* q8_0: int8 [N, K]; q4_1: uint8 [N, K/2] */
+    const float *d, *m; /* [N, K/32]; m: q4_1 only */
+    int N, K;
+} sf_qmat;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
+    sf_qmat wqkv, wo, wgu, wdown;
+    float *kc, *vc; /* this layer's cache [S, Hkv, d] */
+} sf_layer;
+
+typedef struct {
+    int kind; /* 0: q8_0, 1: q4_1 */
+    int n_layers, D, F, H, Hkv, d;
+    float eps, scale; /* scale: attention's 1 / sqrt(d) */
+    const float *cos, *sin, *norm; /* cos, sin [P, d]; norm [D] */
+    const sf_layer *layers;
+} sf_model;
+
+static int qgemv(const sf_model *m, const sf_qmat *w, const float *x, float *y, int T, int accumulate) {
+    return gemv(m->kind, w->q, w->d, w->m, x, y, T, w->N, w->K, accumulate);
+}
+
+/* Every layer of a decode-only step (one new token per sequence, T sequences), then the
+ * final norm: x [T, D] embeddings in (used as the residual stream), out [T, D] the normed
+ * hidden states. pos/slots [T]; gather [T, L] key cells with spans first/lens as in
+ * sf_attend_decode. The same arithmetic as the per-op route (same functions), without a
+ * Python round trip per op. Returns 0, or < 0 on bad arguments / no memory. */
+int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int64_t *slots, const int64_t *gather,
+              int L, const int64_t *first, const int64_t *lens, float *out) {
+    int D = m->D, H = m->H, Hkv = m->Hkv, d = m->d, F = m->F, W = (H + 2 * Hkv) * d;
+    for (int t = 0; t < T; t++)
+        if (first[t] < 0 || lens[t] <= first[t] || lens[t] > L) return -1;
+    size_t n = (size_t)T * ((size_t)D + W + 2 * (size_t)H * d + 3 * (size_t)F);
+    float *buf = malloc(sizeof(float) * n);
+    if (!buf) return -2;
+    float *h = buf, *qkv = h + (size_t)T * D, *q = qkv + (size_t)T * W, *a = q + (size_t)T * H * d,
+          *gu = a + (size_t)T * H * d, *act = gu + (size_t)T * 2 * F;
+    int rc = 0;
+    for (int li = 0; li < m->n_layers && !rc; li++) {
+        const sf_layer *ly = &m->layers[li];
+        sf_rms_norm(x, ly->attn_norm, h, T, D, m->eps);
+        rc |= qgemv(m, &ly->wqkv, h, qkv, T, 0);
+        if (ly->bqkv)
+            for (int t = 0; t < T; t++)
+                for (int j = 0; j < W; j++) qkv[(size_t)t * W + j] += ly->bqkv[j];
+        sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);
+        attn_task at = {q, ly->kc, ly->vc, gather, first, lens, a, m->scale, T, H, Hkv, d, L};
+        run(attn_part, &at, (size_t)T * L * H * d < 32768 ? 1 : n_parts((size_t)T * Hkv, 1));
+        rc |= qgemv(m, &ly->wo, a, x, T, 1);
+        sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);
+        rc |= qgemv(m, &ly->wgu, h, gu, T, 0);
+        sf_silu_mul(gu, T, F, act);
+        rc |= qgemv(m, &ly->wdown, act, x, T, 1);
+    }
+    if (!rc) sf_rms_norm(x, m->norm, out, T, D, m->eps);
+    free(buf);
+    return rc;
 }

@@ -76,6 +76,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.sf_rms_norm.argtypes, lib.sf_rms_norm.restype = [P, P, P, I, I, F], None
     lib.sf_rope_kv.argtypes, lib.sf_rope_kv.restype = [P, I, I, I, I, P, P, P, P, P, P, P], None
     lib.sf_silu_mul.argtypes, lib.sf_silu_mul.restype = [P, I, I, P], None
+    lib.sf_decode.argtypes, lib.sf_decode.restype = [P, P, I, P, P, P, I, P, P, P], I
 
 
 def native() -> ctypes.CDLL | None:
@@ -262,3 +263,74 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     out = torch.empty(T, F2 // 2)
     lib.sf_silu_mul(gu.data_ptr(), T, F2 // 2, out.data_ptr())
     return out
+
+
+# ------------------------------------------------------------ whole decode forward
+# Mirrors of kernels.c's sf_qmat / sf_layer / sf_model (field order and types must match).
+
+
+class _QMatC(ctypes.Structure):
+    _fields_ = [("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
+                ("N", ctypes.c_int), ("K", ctypes.c_int)]
+
+
+class _LayerC(ctypes.Structure):
+    _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
+                ("wqkv", _QMatC), ("wo", _QMatC), ("wgu", _QMatC), ("wdown", _QMatC),
+                ("kc", ctypes.c_void_p), ("vc", ctypes.c_void_p)]
+
+
+class _ModelC(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("n_layers", ctypes.c_int), ("D", ctypes.c_int), ("F", ctypes.c_int),
+                ("H", ctypes.c_int), ("Hkv", ctypes.c_int), ("d", ctypes.c_int), ("eps", ctypes.c_float),
+                ("scale", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
+                ("norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_LayerC))]
+
+
+def _qmat_c(m: QMat) -> _QMatC:
+    return _QMatC(m.q.data_ptr(), m.d.data_ptr(), m.mn.data_ptr() if m.mn is not None else None, m.N, m.K)
+
+
+class Decoder:
+    """The model's weights and one KV pool as the C structs sf_decode reads. It holds the
+    tensors it points at; the pool's k/v tensors must not be reallocated while it lives
+    (``matches`` tells the caller to build a new one if they were)."""
+
+    def __init__(self, model, kv_k: torch.Tensor, kv_v: torch.Tensor):
+        cfg = model.cfg
+        kinds = {L.wqkv.q.kind for L in model.layers}
+        if len(kinds) != 1:
+            raise ValueError("one quantization for every layer expected")
+        tensors = [model.cos, model.sin, model.norm, kv_k, kv_v]
+        layers = (_LayerC * cfg.n_layers)()
+        for i, L in enumerate(model.layers):
+            tensors += [L.attn_norm, L.ffn_norm] + ([L.bqkv] if L.bqkv is not None else [])
+            layers[i] = _LayerC(L.attn_norm.data_ptr(), L.ffn_norm.data_ptr(),
+                                L.bqkv.data_ptr() if L.bqkv is not None else None,
+                                _qmat_c(L.wqkv.q), _qmat_c(L.wo.q), _qmat_c(L.wgu.q), _qmat_c(L.wdown.q),
+                                kv_k[i].data_ptr(), kv_v[i].data_ptr())
+        for t in tensors:
+            _f32(t, "decoder tensor")
+        self._keep = (tensors, layers, [L.wqkv.q for L in model.layers])
+        self.model = _ModelC(0 if kinds == {"q8_0"} else 1, cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads,
+                             cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps, cfg.head_dim ** -0.5, model.cos.data_ptr(),
+                             model.sin.data_ptr(), model.norm.data_ptr(), layers)
+        self.D = cfg.hidden
+        self.kv = (kv_k.data_ptr(), kv_v.data_ptr())
+        self.lib = native()
+
+    def matches(self, kv_k: torch.Tensor, kv_v: torch.Tensor) -> bool:
+        return self.kv == (kv_k.data_ptr(), kv_v.data_ptr())
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, gather: torch.Tensor,
+                 first: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """x [T, D] embeddings (overwritten: the residual stream) -> [T, D] final-normed hidden.
+        The runtime built positions, slots and gather from its own tables (in range)."""
+        T = x.shape[0]
+        out = torch.empty(T, self.D)
+        _sync_threads(self.lib)
+        rc = self.lib.sf_decode(ctypes.byref(self.model), x.data_ptr(), T, positions.data_ptr(), slots.data_ptr(),
+                                gather.data_ptr(), gather.shape[1], first.data_ptr(), lens.data_ptr(), out.data_ptr())
+        if rc:
+            raise RuntimeError(f"sf_decode failed ({rc})")
+        return out

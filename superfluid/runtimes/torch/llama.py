@@ -77,11 +77,16 @@ class Llama:
             if dtype != torch.float32:
                 raise ValueError(f"quant={quant} computes in float32; dtype {dtype} asked")
         self.cfg, self.dtype, self.device, self.quant = cfg, dtype, device, quant
+        self.native_decoder = None  # quant: the C view of the weights + KV pool (native.forward builds it)
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
         mat = lambda t: Mat(put(t), gemv16, quant)  # noqa: E731
         self.embed = put(tensors["embed"])  # [V, D]
         self.norm = put(tensors["norm"])
-        self.lm_head = Mat(self.embed, gemv16, quant) if cfg.tie_embeddings else mat(tensors["lm_head"])  # [V, D]
+        # The LM head stays at 8 bits under q4_1 (as llama.cpp's 4-bit files keep the output
+        # matrix at higher precision): 4-bit there costs far more accuracy than time.
+        head_quant = "q8_0" if quant else None
+        self.lm_head = Mat(self.embed, gemv16, head_quant) if cfg.tie_embeddings else \
+            Mat(put(tensors["lm_head"]), gemv16, head_quant)  # [V, D]
         self.layers: list[Layer] = []
         for i in range(cfg.n_layers):
             p = f"layers.{i}."
