@@ -11,7 +11,8 @@ Each figure is also written as a ratio ours / transformers. Transformers runs in
 with --quant also in each quant mode (native kernels, block-quantized decode weights).
 Every repeat runs all sides in turn, so a change of machine load hits them alike.
 
-    .venv/bin/python benchmarks/runtime_step.py [--dtype float32|bfloat16] [--quant q8_0,q4_1] [--repeats 3]
+    .venv/bin/python benchmarks/runtime_step.py [--dtype float32|bfloat16] [--quant q8_0,q4_1]
+        [--deterministic] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quant", default="", help="also measure these quant modes, comma-separated (q8_0,q4_1)")
+    ap.add_argument("--deterministic", action="store_true", help="also measure the batch-invariant mode")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "runtime_step.json"))
@@ -88,6 +90,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     variants = {"ours": TorchRuntime(args.model, dtype=args.dtype)}
+    if args.deterministic:
+        variants["ours_deterministic"] = TorchRuntime(args.model, dtype=args.dtype, deterministic=True)
     for q in filter(None, args.quant.split(",")):
         variants[f"ours_{q}"] = TorchRuntime(args.model, quant=q)
     path = resolve_model(args.model)
@@ -124,7 +128,7 @@ def main() -> None:
         print(line, flush=True)
     report = {
         "benchmark": "runtime_step", "model": str(args.model), "ours_dtype": str(variants["ours"].dtype),
-        "quant": [k.removeprefix("ours_") for k in variants if k != "ours"],
+        "variants": [k for k in variants if k != "ours"],
         "transformers_dtype": "torch.bfloat16", "threads": args.threads, "repeats": args.repeats,
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
         "load_avg": list(__import__("os").getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

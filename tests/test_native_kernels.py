@@ -72,6 +72,34 @@ def test_results_do_not_depend_on_threads_or_batch(threads):
     assert torch.equal(one, two) and torch.equal(one, alone)
 
 
+def test_portable_build_agrees(tmp_path):
+    """The plain C paths (CPUs without AVX2/FMA) compute the same products and attention."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import torch, sys
+from superfluid.runtimes.torch import kernels as K
+g = torch.Generator().manual_seed(5)
+w, x = torch.randn(70, 576, generator=g), torch.randn(3, 576, generator=g)
+q, kc = torch.randn(2, 6, 32, generator=g), torch.randn(40, 2, 32, generator=g)
+gather = torch.randint(0, 40, (2, 30), generator=g)
+out = [K.gemv(x, K.QMat(w, k)) for k in ("q8_0", "q4_1")]
+out.append(K.attend_decode(q, kc, kc, gather, torch.tensor([0, 4]), torch.tensor([30, 17])))
+torch.save(out, sys.argv[1])
+"""
+    results = []
+    for portable in ("", "1"):
+        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_PORTABLE_KERNELS=portable)
+        path = tmp_path / f"out{portable}.pt"
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=300)
+        results.append(torch.load(path))
+    assert len(list((tmp_path / "cache").glob("kernels-*.so"))) == 2
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_gemv_rejects_bad_input():
     m = kernels.QMat(torch.randn(8, 64), "q8_0")
     with pytest.raises(ValueError, match="shape"):

@@ -8,11 +8,14 @@
  *   what makes it fast.
  * - sf_attend_decode: one query token per sequence against its keys in the paged KV pool
  *   (cells gathered by index), fp32, softmax with the running maximum subtracted.
- * - sf_rms_norm: y = x / sqrt(mean(x^2) + eps) * w, rows of fp32.
+ * - sf_rms_norm, sf_rope_kv (RoPE on q and k, k and v stored in their cells), sf_silu_mul.
+ * - sf_decode: every layer of a decode-only step with the functions above, one call a step.
  *
- * Work is split over a small persistent pthread pool (sf_set_threads): the caller runs part
- * 0, workers spin briefly then sleep on a condition variable. Only one thread may call into
- * this library at a time (the runtime steps are serial).
+ * Without AVX2/FMA (or when built portable) every kernel has a plain C path.
+ *
+ * Work is split into parts claimed by the caller and a small persistent pthread pool
+ * (sf_set_threads; workers spin briefly, then sleep on a condition variable). Tasks are
+ * serialised (run_mu), so concurrent callers from several threads wait their turn.
  */
 #include <math.h>
 #include <pthread.h>
@@ -44,6 +47,8 @@
 
 typedef void (*task_fn)(void *arg, int part, int parts);
 
+static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER; /* one task at a time, whoever calls */
+
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -54,7 +59,7 @@ static struct {
     int n_workers;      /* started workers */
     atomic_int active;  /* threads that take parts (caller included) */
     pthread_t th[MAX_THREADS];
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 static inline void cpu_relax(void) {
 #if SF_AVX2
@@ -122,6 +127,7 @@ static void run(task_fn fn, void *arg, int parts) {
         for (int i = 0; i < parts; i++) fn(arg, i, parts);
         return;
     }
+    pthread_mutex_lock(&run_mu);
     pool.fn = fn;
     pool.arg = arg;
     atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
@@ -138,6 +144,7 @@ static void run(task_fn fn, void *arg, int parts) {
         else
             sched_yield();
     }
+    pthread_mutex_unlock(&run_mu);
 }
 
 /* How many parts to cut n items into: at least `grain` items each, at most 8 per thread. */
