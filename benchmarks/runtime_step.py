@@ -94,6 +94,8 @@ def main() -> None:
         variants["ours_deterministic"] = TorchRuntime(args.model, dtype=args.dtype, deterministic=True)
     for q in filter(None, args.quant.split(",")):
         variants[f"ours_{q}"] = TorchRuntime(args.model, quant=q)
+        if args.deterministic:
+            variants[f"ours_deterministic_{q}"] = TorchRuntime(args.model, quant=q, deterministic=True)
     path = resolve_model(args.model)
     from transformers import AutoModelForCausalLM
 

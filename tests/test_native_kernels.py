@@ -255,9 +255,37 @@ def test_quant_greedy_through_step_sampled_matches_step(tiny):
         assert tok_a == tok_b
 
 
+@pytest.mark.parametrize("quant", ["q8_0", "q4_1"])
+def test_deterministic_quant_rows_ignore_chunking_and_batch(tiny, quant):
+    """deterministic + quant: every product quantized and every query on the native
+    attention, so a row is the same bits however the prompt was chunked (whole, in 7s, one
+    token a step) and whatever shares the step (other prefills and decodes)."""
+    rt = TorchRuntime(tiny, kv_cache_mb=4, quant=quant, deterministic=True)
+    long = (PROMPT * 3)[:50]
+
+    def last_row(chunks, company=()):
+        s, at, row = rt.seq_create(), 0, None
+        others = [(rt.seq_create(), p) for p in company]
+        for o, p in others:
+            rt.step([Feed(o, p[:-1], False)])
+        for n in chunks:
+            feeds = [Feed(s, long[at: at + n], True)] + [Feed(o, p[-1:], True) for o, p in others]
+            row = rt.step(feeds)[0]
+            at += n
+        for q in [s] + [o for o, _ in others]:
+            rt.seq_free(q)
+        return row
+
+    whole = last_row([50])
+    assert np.array_equal(last_row([7] * 7 + [1]), whole)
+    assert np.array_equal(last_row([1] * 50), whole)
+    assert np.array_equal(last_row([20, 30], company=[PROMPT[:9], PROMPT[2:5]]), whole)
+    loose = TorchRuntime(tiny, kv_cache_mb=4, quant=quant)  # for contrast: its prefill takes fp32 GEMMs
+    s = loose.seq_create()
+    assert not np.array_equal(loose.step([Feed(s, long, True)])[0], whole)
+
+
 def test_quant_refusals(tiny, monkeypatch):
-    with pytest.raises(ValueError, match="batch-invariant"):
-        TorchRuntime(tiny, kv_cache_mb=4, quant="q8_0", deterministic=True)
     with pytest.raises(ValueError, match="unknown quant"):
         TorchRuntime(tiny, kv_cache_mb=4, quant="q3")
     with pytest.raises(ValueError, match="float32"):

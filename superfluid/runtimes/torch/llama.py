@@ -73,11 +73,12 @@ class Llama:
         if dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16:
             dtype = torch.float32
         if quant:
-            native.require(quant, device, deterministic)
+            native.require(quant, device)
             if dtype != torch.float32:
                 raise ValueError(f"quant={quant} computes in float32; dtype {dtype} asked")
         self.cfg, self.dtype, self.device, self.quant = cfg, dtype, device, quant
         self.native_decoder = None  # quant: the C view of the weights + KV pool (native.forward builds it)
+        self.qrows = native.row_limit(deterministic)  # quant: products up to this many rows are quantized
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
         mat = lambda t: Mat(put(t), gemv16, quant)  # noqa: E731
         self.embed = put(tensors["embed"])  # [V, D]
@@ -107,7 +108,7 @@ class Llama:
         self.linear = linear_fixed if deterministic else linear
         self.attend = partial(attend_fixed if deterministic else attend, window=cfg.sliding_window)
         if quant:  # the LM head's decode-sized products on the native kernels too
-            self.linear = native.linear
+            self.linear = partial(native.linear, qrows=self.qrows)
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # As transformers: the statistics in float32, scaled by the weight in the model dtype.

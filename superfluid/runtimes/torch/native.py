@@ -10,11 +10,18 @@ all its layers in one native call (sf_decode: the same functions, no Python betw
 - A decode-only step attends in one native call per layer; other steps use the torch kernel.
 - RoPE + the K/V store, RMS norm and SiLU-gating are one native call each.
 
-Numerics: a row's result does not depend on the other rows of its step, but a product's
-route does (QROWS), so this mode is not batch-invariant and refuses ``deterministic``.
+Batch invariance. Every native kernel computes a row from that row alone, in a fixed order
+(the GEMV's per-(row, output) dot, the per-query attention over the query's own keys in
+position order, the per-row norm, RoPE and gate), so a row's result cannot depend on what
+shares its step. Only the *route* can (QROWS: fp32 GEMM or torch attention for big steps).
+With ``deterministic`` the route is fixed instead: every product takes the quantized GEMV
+and every query the native attention, whatever the step — a batch-invariant mode that
+costs little (see benchmarks/runtime_step.py --deterministic).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -26,35 +33,37 @@ WHOLE_STEP = True  # decode-only steps in one sf_decode call (False: op by op; t
 QUANT_KINDS = ("q8_0", "q4_1")
 
 
-def require(quant: str, device: torch.device, deterministic: bool) -> None:
+def require(quant: str, device: torch.device) -> None:
     """Raise ValueError unless the native quantized path can run here."""
     if quant not in QUANT_KINDS:
         raise ValueError(f"unknown quant {quant!r}; one of {', '.join(QUANT_KINDS)}")
     if device.type != "cpu":
         raise ValueError(f"quant={quant} runs the native CPU kernels; device is {device}")
-    if deterministic:
-        raise ValueError("quant is not batch-invariant (small and large products take different kernels); "
-                         "drop quant or deterministic")
     if kernels.native() is None:
         raise ValueError(f"quant={quant} needs the native kernels, which could not be built: {kernels.native_error()}")
 
 
-def linear(x: torch.Tensor, m, b: torch.Tensor | None = None) -> torch.Tensor:
-    if m.q is not None and x.shape[0] <= QROWS:
+def row_limit(deterministic: bool) -> float:
+    """Products with more rows than this take the fp32 GEMM (never, when deterministic)."""
+    return math.inf if deterministic else QROWS
+
+
+def linear(x: torch.Tensor, m, b: torch.Tensor | None = None, qrows: float = QROWS) -> torch.Tensor:
+    if m.q is not None and x.shape[0] <= qrows:
         out = kernels.gemv(x.contiguous(), m.q)
         return out.add_(b) if b is not None else out
     return torch.nn.functional.linear(x, m.w, b)
 
 
-def add_linear(x: torch.Tensor, y: torch.Tensor, m) -> torch.Tensor:
+def add_linear(x: torch.Tensor, y: torch.Tensor, m, qrows: float = QROWS) -> torch.Tensor:
     """x + y W^T; in place on x (contiguous fp32, owned by the forward) on the native route."""
-    if m.q is not None and y.shape[0] <= QROWS:
+    if m.q is not None and y.shape[0] <= qrows:
         return kernels.gemv(y.contiguous(), m.q, out=x, accumulate=True)
     return x + torch.nn.functional.linear(y, m.w)
 
 
-def _decode_span(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per decode row: the first key it sees and its key count (position + 1), once per step.
+def _key_span(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per query row: the first key it sees and its key count (position + 1), once per step.
     The gather is built by the runtime from its own block tables, so its cells are in range."""
     if meta.native_span is None:
         lens = (meta.positions + 1).contiguous()
@@ -64,36 +73,43 @@ def _decode_span(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torc
 
 
 def attend_native(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta,
-                  window: int | None) -> torch.Tensor:
-    if not meta.decode_only:
+                  window: int | None, every_row: bool) -> torch.Tensor:
+    """Decode-only steps (or, with every_row, any step: each query row with its own feed's
+    key cells) on the native attention; the rest on the torch kernel."""
+    if meta.decode_only:
+        gather = meta.gather
+    elif every_row:
+        feed = torch.repeat_interleave(torch.arange(len(meta.q_lens)), torch.tensor(meta.q_lens))
+        gather = meta.gather.index_select(0, feed)  # [T, L]: row t reads its feed's cells
+    else:
         return attend(q, kc, vc, meta, window=window)
-    first, lens = _decode_span(meta, window)
-    return kernels.attend_decode(q, kc, vc, meta.gather, first, lens, check_cells=False)
+    first, lens = _key_span(meta, window)
+    return kernels.attend_decode(q, kc, vc, gather, first, lens, check_cells=False)
 
 
 @torch.inference_mode()
 def forward(model, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
     """Llama.forward on the native kernels (model: a Llama built with quant; fp32 on CPU)."""
-    cfg = model.cfg
+    cfg, qrows, invariant = model.cfg, model.qrows, model.deterministic
     T, H, d, eps = tokens.shape[0], cfg.n_heads, cfg.head_dim, cfg.rms_eps
     x = model.embed.index_select(0, tokens)  # [T, D], ours: the residual adds go into it
     if WHOLE_STEP and meta.decode_only and T <= QROWS:  # the whole step in one native call
         dec = model.native_decoder
         if dec is None or not dec.matches(kv_k, kv_v):
             dec = model.native_decoder = kernels.Decoder(model, kv_k, kv_v)
-        first, lens = _decode_span(meta, cfg.sliding_window)
+        first, lens = _key_span(meta, cfg.sliding_window)
         return dec(x, meta.positions, meta.slots, meta.gather, first, lens)
     for li, L in enumerate(model.layers):
         kc, vc = kv_k[li], kv_v[li]
-        qkv = linear(kernels.rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv)
+        qkv = linear(kernels.rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv, qrows)
         q = kernels.rope_kv(qkv, model.cos, model.sin, meta.positions, meta.slots, kc, vc, H)
-        a = attend_native(q, kc, vc, meta, cfg.sliding_window)  # [T, H, d]
-        x = add_linear(x, a.view(T, H * d), L.wo)
-        gu = linear(kernels.rms_norm(x, L.ffn_norm, eps), L.wgu)
-        if T <= QROWS:
+        a = attend_native(q, kc, vc, meta, cfg.sliding_window, invariant)  # [T, H, d]
+        x = add_linear(x, a.view(T, H * d), L.wo, qrows)
+        gu = linear(kernels.rms_norm(x, L.ffn_norm, eps), L.wgu, qrows=qrows)
+        if T <= QROWS or invariant:
             act = kernels.silu_mul(gu)
         else:  # prefill: torch's multi-threaded elementwise ops
             g, u = gu.chunk(2, dim=-1)
             act = torch.nn.functional.silu(g) * u
-        x = add_linear(x, act, L.wdown)
+        x = add_linear(x, act, L.wdown, qrows)
     return kernels.rms_norm(x, model.norm, eps)
