@@ -7,7 +7,7 @@ import concurrent.futures as cf
 
 import pytest
 
-from test_e2e import MODEL, ask, start_server
+from test_e2e import ask, start_server
 
 pytestmark = pytest.mark.slow
 

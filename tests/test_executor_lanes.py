@@ -14,7 +14,6 @@ from superfluid.abi import (
     HostCommit,
     LaneAdmit,
     LaneDecode,
-    LaneRetire,
     PrefillChunk,
     Sampling,
     SamplingParams,

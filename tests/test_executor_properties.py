@@ -290,7 +290,6 @@ class ExecutorMachine(RuleBasedStateMachine):
 
     def absorb(self, plan: TickPlan, d: Draft, out) -> None:
         ev = out.events
-        ex = self.ex
         assert ev.plan_seq == plan.plan_seq
         # retires
         for r in plan.retires:
@@ -474,6 +473,12 @@ class ExecutorMachine(RuleBasedStateMachine):
             ad = list(d.admits)
             j = i % len(ad)
             a = ad[j]
+
+            def without(lane: int) -> dict:
+                """The plan's prefills and decodes minus those of one lane."""
+                return dict(prefills=[p for p in d.prefills if p.lane_tag != lane],
+                            decodes=[x for x in d.decodes if x.lane_tag != lane])
+
             if kind == "stale_ref":
                 ad[j] = replace(a, prompt=replace(a.prompt, generation=a.prompt.generation - 1))
                 return d.plan(seq, admits=ad), S.REJECT_BAD_REF_GENERATION
@@ -492,21 +497,11 @@ class ExecutorMachine(RuleBasedStateMachine):
                 else:
                     ad[j] = replace(a, lane_tag=other)
                     # keep the rest of the plan about the renamed admit consistent
-                    return d.plan(
-                        seq,
-                        admits=ad,
-                        prefills=[p for p in d.prefills if p.lane_tag != a.lane_tag],
-                        decodes=[x for x in d.decodes if x.lane_tag != a.lane_tag],
-                    ), S.REJECT_ILLEGAL_COMBINATION
+                    return d.plan(seq, admits=ad, **without(a.lane_tag)), S.REJECT_ILLEGAL_COMBINATION
                 return d.plan(seq, admits=ad), S.REJECT_ILLEGAL_COMBINATION
             if kind == "long_prompt":
                 ad[j] = replace(a, prompt=self.rings.write_prompt([7] * (self.desc.max_seq_len + 1)), seed_handle=0)
-                return d.plan(
-                    seq,
-                    admits=ad,
-                    prefills=[p for p in d.prefills if p.lane_tag != a.lane_tag],
-                    decodes=[x for x in d.decodes if x.lane_tag != a.lane_tag],
-                ), S.REJECT_BUDGET
+                return d.plan(seq, admits=ad, **without(a.lane_tag)), S.REJECT_BUDGET
             seeded = [k for k, x in enumerate(ad) if x.seed_handle]
             k = seeded[i % len(seeded)]
             a = ad[k]

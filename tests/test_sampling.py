@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from superfluid.abi import RingRef, SamplingParams
 from superfluid.executor import sampling as hs
 from superfluid.executor.speculate import LaneSpec, SpecConfig, SpecGate, propose
-from superfluid.rings import EMITS, PROMPTS, RingError, RingFull, Rings
+from superfluid.rings import PROMPTS, RingError, RingFull, Rings
 
 
 def test_uniform_is_a_pure_function_of_the_position():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from superfluid import abi
 from superfluid.engine.config import EngineConfig, SchedulerConfig
 from superfluid.engine.engine import Engine

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from superfluid.engine.async_engine import AsyncEngine
-from superfluid.engine.config import EngineConfig, SchedulerConfig
+from superfluid.engine.config import EngineConfig
 from superfluid.engine.loader import build_engine
 from superfluid.server.openai import create_app
 

@@ -71,22 +71,11 @@ def test_parity_with_transformers(tiny_dir, name):
 
 
 def test_hf_folder_matches_gguf(tiny_dir, tmp_path, rt):
-    import json
-
-    from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from superfluid.runtimes.torch.gguf_weights import load_gguf
-    from superfluid.runtimes.torch.hf_weights import hf_name
+    from superfluid.runtimes.torch.tiny import write_hf_folder
 
-    cfg, tensors = load_gguf(tiny_dir / "llama.gguf")
-    save_file({hf_name(k): v for k, v in tensors.items()}, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden,
-        "intermediate_size": cfg.intermediate, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_eps, "max_position_embeddings": cfg.max_position,
-        "tie_word_embeddings": True}))
+    write_hf_folder(tiny_dir / "llama.gguf", tmp_path)
     AutoTokenizer.from_pretrained(tiny_dir, gguf_file="llama.gguf").save_pretrained(tmp_path)
     assert resolve_model(tmp_path) == tmp_path
     rh = TorchRuntime(tmp_path, dtype="float32", kv_cache_mb=4)

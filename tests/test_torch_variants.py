@@ -16,8 +16,8 @@ from superfluid.models import ModelLoadError
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.config import ModelConfig
-from superfluid.runtimes.torch.hf_weights import _rope_scaling, hf_name, read_config
-from superfluid.runtimes.torch.tiny import write_tiny_gguf
+from superfluid.runtimes.torch.hf_weights import _rope_scaling, read_config
+from superfluid.runtimes.torch.tiny import write_hf_folder, write_tiny_gguf
 
 WINDOW = 8
 CONTEXT = 512  # write_tiny_gguf's context_length
@@ -43,23 +43,11 @@ def base(tmp_path_factory):
 
 def hf_folder(base: Path, name: str, **config) -> Path:
     """An HF folder (safetensors + config.json + tokenizer) holding base's weights."""
-    from safetensors.torch import save_file
-
-    from superfluid.runtimes.torch.gguf_weights import load_gguf
-
     out = base / name
     if out.exists():
         return out
-    cfg, tensors = load_gguf(base / "llama.gguf")
     shutil.copytree(base / "tok", out)
-    save_file({hf_name(k): v for k, v in tensors.items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden,
-        "intermediate_size": cfg.intermediate, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_eps, "max_position_embeddings": cfg.max_position,
-        "tie_word_embeddings": True} | config))
-    return out
+    return write_hf_folder(base / "llama.gguf", out, **config)
 
 
 def reference(folder, toks: list[int]) -> np.ndarray:

@@ -42,7 +42,7 @@ class StepMeta:
     # Padded views of all feeds (built once per step, used by the batched paths):
     gather: torch.Tensor | None = None  # [B, L] int64 key cells (padding points at cell 0)
     key_valid: torch.Tensor | None = None  # [B, L] bool
-    native_span: tuple[torch.Tensor, torch.Tensor] | None = None  # native decode attention's (first, lens), per step
+    native_keys: tuple[torch.Tensor, ...] | None = None  # native attention's (gather, first, lens), per step
 
     @property
     def decode_only(self) -> bool:

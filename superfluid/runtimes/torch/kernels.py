@@ -83,6 +83,9 @@ def _bind(lib: ctypes.CDLL) -> None:
 def native() -> ctypes.CDLL | None:
     """The loaded library, building it on first use; None (see ``native_error()``) if impossible."""
     global _lib, _error
+    if _lib is not None:  # the hot path: no lock once loaded
+        _sync_threads(_lib)
+        return _lib
     with _lock:
         if _lib is None and _error is None:
             if os.environ.get("SUPERFLUID_NO_NATIVE"):

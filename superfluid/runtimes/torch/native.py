@@ -62,29 +62,29 @@ def add_linear(x: torch.Tensor, y: torch.Tensor, m, qrows: float = QROWS) -> tor
     return x + torch.nn.functional.linear(y, m.w)
 
 
-def _key_span(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per query row: the first key it sees and its key count (position + 1), once per step.
-    The gather is built by the runtime from its own block tables, so its cells are in range."""
-    if meta.native_span is None:
+def _query_keys(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per query row, once per step (every layer reads it): its key cells [T, L] (its feed's
+    row of the gather), the first key it sees and its key count (position + 1). The gather
+    is built by the runtime from its own block tables, so its cells are in range."""
+    if meta.native_keys is None:
+        if meta.decode_only:
+            gather = meta.gather
+        else:
+            feed = torch.repeat_interleave(torch.arange(len(meta.q_lens)), torch.tensor(meta.q_lens))
+            gather = meta.gather.index_select(0, feed)
         lens = (meta.positions + 1).contiguous()
         first = (lens - window).clamp_min(0) if window is not None else torch.zeros_like(lens)
-        meta.native_span = (first.contiguous(), lens)
-    return meta.native_span
+        meta.native_keys = (gather, first.contiguous(), lens)
+    return meta.native_keys
 
 
 def attend_native(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta,
                   window: int | None, every_row: bool) -> torch.Tensor:
-    """Decode-only steps (or, with every_row, any step: each query row with its own feed's
-    key cells) on the native attention; the rest on the torch kernel."""
-    if meta.decode_only:
-        gather = meta.gather
-    elif every_row:
-        feed = torch.repeat_interleave(torch.arange(len(meta.q_lens)), torch.tensor(meta.q_lens))
-        gather = meta.gather.index_select(0, feed)  # [T, L]: row t reads its feed's cells
-    else:
+    """Decode-only steps (or, with every_row, any step) on the native attention, each query
+    row over its own keys; the rest on the torch kernel."""
+    if not (meta.decode_only or every_row):
         return attend(q, kc, vc, meta, window=window)
-    first, lens = _key_span(meta, window)
-    return kernels.attend_decode(q, kc, vc, gather, first, lens, check_cells=False)
+    return kernels.attend_decode(q, kc, vc, *_query_keys(meta, window), check_cells=False)
 
 
 @torch.inference_mode()
@@ -97,8 +97,7 @@ def forward(model, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_
         dec = model.native_decoder
         if dec is None or not dec.matches(kv_k, kv_v):
             dec = model.native_decoder = kernels.Decoder(model, kv_k, kv_v)
-        first, lens = _key_span(meta, cfg.sliding_window)
-        return dec(x, meta.positions, meta.slots, meta.gather, first, lens)
+        return dec(x, meta.positions, meta.slots, *_query_keys(meta, cfg.sliding_window))
     for li, L in enumerate(model.layers):
         kc, vc = kv_k[li], kv_v[li]
         qkv = linear(kernels.rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv, qrows)

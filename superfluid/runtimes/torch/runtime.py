@@ -66,7 +66,7 @@ class TorchRuntime:
         the native kernels (native.py); prefill keeps full-precision weights."""
         path = resolve_model(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = pick_dtype(dtype if dtype is not None or not quant else "float32", self.device)
+        self.dtype = pick_dtype(dtype or ("float32" if quant else None), self.device)
         cfg, tensors, self.tokenizer = load_model(path, progress)
         if self.tokenizer.vocab_size > cfg.vocab_size:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")

@@ -207,3 +207,26 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2,
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_hf_folder(gguf: str | Path, out: str | Path, **config) -> Path:
+    """A Hugging Face folder (model.safetensors + a llama config.json, ``config`` keys
+    overriding) holding the GGUF's weights; the tokenizer is the caller's to add."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from .gguf_weights import load_gguf
+    from .hf_weights import hf_name
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, tensors = load_gguf(Path(gguf))
+    save_file({hf_name(k): v for k, v in tensors.items()}, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "model_type": "llama", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden,
+        "intermediate_size": cfg.intermediate, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_eps, "max_position_embeddings": cfg.max_position,
+        "tie_word_embeddings": True} | config))
+    return out
