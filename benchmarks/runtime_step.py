@@ -89,9 +89,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    variants = {"ours": TorchRuntime(args.model, dtype=args.dtype)}
+    variants = {"ours": TorchRuntime(args.model, dtype=args.dtype, quant="none")}
     if args.deterministic:
-        variants["ours_deterministic"] = TorchRuntime(args.model, dtype=args.dtype, deterministic=True)
+        variants["ours_deterministic"] = TorchRuntime(args.model, dtype=args.dtype, quant="none", deterministic=True)
     for q in filter(None, args.quant.split(",")):
         variants[f"ours_{q}"] = TorchRuntime(args.model, quant=q)
         if args.deterministic:

@@ -14,9 +14,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"a registered name, a .gguf file or a Hugging Face folder (default: {DEFAULT_MODEL})")
     p.add_argument("--runtime", default="torch", choices=["torch", "toy"], help="the model runtime (default: torch)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the runtime's choice)")
-    p.add_argument("--quant", default=None, choices=["q8_0", "q4_1"],
-                   help="CPU: decode on block-quantized weights with the native kernels (faster, approximate; "
-                        "prefill keeps full precision)")
+    p.add_argument("--quant", default="auto", choices=["auto", "none", "q8_0", "q4_1"],
+                   help="auto (default): a GGUF on CPU runs on the native kernel nearest its own tensor types "
+                        "(Q4_x/Q2_K-Q4_K -> q4_1, Q5+/Q8_0/F16 -> q8_0), batch-invariant; none: the fp32 "
+                        "reference numerics that match transformers; q8_0|q4_1: that kernel")
     p.add_argument("--kv-cache-mb", type=int, default=0, help="KV cache pool size in MiB (default: the runtime's)")
     p.add_argument("--max-batch", type=int, default=0, help="most sequences per forward step (default: the runtime's)")
     p.add_argument("--deterministic", action="store_true", help="batch-invariant numerics: the same text at any load")

@@ -1,7 +1,7 @@
 """End to end: ``superfluid serve`` with the default model, driven by the openai client.
 
-One server for the module (fp32, the model in a worker process). The
-``--deterministic`` check has its own server in test_e2e_deterministic.py.
+One server for the module (``--quant none``: the fp32 reference numerics, the model in a
+worker process). The default (quantized, batch-invariant) server: test_e2e_default.py.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def start_server(*extra: str):
 
 @pytest.fixture(scope="module")
 def server():
-    yield from start_server()
+    # The reference numerics (transformers-equal); the default fast path: test_e2e_default.py.
+    yield from start_server("--quant", "none")
 
 
 @pytest.fixture(scope="module")

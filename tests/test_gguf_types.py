@@ -105,7 +105,7 @@ def test_tensors_are_the_dequantized_bytes(tiny_dir, name):
 
 @pytest.mark.parametrize("name", list(FILES))
 def test_parity_with_transformers(tiny_dir, name):
-    rt = TorchRuntime(tiny_dir / name, dtype="float32", kv_cache_mb=4)
+    rt = TorchRuntime(tiny_dir / name, dtype="float32", quant="none", kv_cache_mb=4)
     ours = logits(rt, PROMPT)
     ref = hf_logits(tiny_dir, name, PROMPT)
     assert np.abs(ref).max() > 1.0  # not a degenerate model
@@ -115,7 +115,7 @@ def test_parity_with_transformers(tiny_dir, name):
 def test_unsupported_types_are_refused(tmp_path):
     write_tiny_gguf(tmp_path / "iq2.gguf", raw_types={"blk.1.ffn_up.weight": Q.IQ2_XXS}, **GEOMETRY)
     with pytest.raises(ModelLoadError, match=r"iq2\.gguf.*'blk\.1\.ffn_up\.weight'.*unsupported type IQ2_XXS"):
-        TorchRuntime(tmp_path / "iq2.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "iq2.gguf", dtype="float32", quant="none")
     # a type id no ggml version has: patch the type field of one tensor's info record
     name = b"blk.0.attn_k.weight"
     data = bytearray((tmp_path / "iq2.gguf").read_bytes())
@@ -124,7 +124,7 @@ def test_unsupported_types_are_refused(tmp_path):
     struct.pack_into("<I", data, at + 4 + 8 * n_dims, 250)
     (tmp_path / "bogus.gguf").write_bytes(bytes(data))
     with pytest.raises(ModelLoadError, match=r"bogus\.gguf.*'blk\.0\.attn_k\.weight' has unknown ggml type 250"):
-        TorchRuntime(tmp_path / "bogus.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "bogus.gguf", dtype="float32", quant="none")
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -200,7 +200,7 @@ def test_spm_special_tokens(spm, spm_hf):
 
 
 def test_spm_model_loads(tiny_dir, spm):
-    rt = TorchRuntime(tiny_dir / "spm.gguf", dtype="float32", kv_cache_mb=4)
+    rt = TorchRuntime(tiny_dir / "spm.gguf", dtype="float32", quant="none", kv_cache_mb=4)
     tokens = rt.tokenizer.encode("the cat sat on the mat", add_special_tokens=True)
     assert tokens == spm.encode("the cat sat on the mat", add_special_tokens=True) and tokens[0] == 1
     assert np.abs(logits(rt, tokens) - hf_logits(tiny_dir, "spm.gguf", tokens)).max() < 1e-4

@@ -22,7 +22,7 @@ MIN_AGREE, MAX_MEAN_KL, MAX_KL = 0.95, 0.02, 0.04
 @pytest.fixture(scope="module")
 def exact():
     torch.set_num_threads(2)
-    return TorchRuntime(dtype="float32")
+    return TorchRuntime(dtype="float32", quant="none")
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ CHATS = [[{"role": "user", "content": "Write a haiku about the sea."}],
 @pytest.fixture(scope="module")
 def rt():
     torch.set_num_threads(2)
-    return TorchRuntime(dtype="float32")
+    return TorchRuntime(dtype="float32", quant="none")
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,7 @@ def test_torch_sampler_edges(monkeypatch):
 def rt(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
     write_tiny_gguf(d / "llama.gguf")
-    return TorchRuntime(d / "llama.gguf", dtype="float32", kv_cache_mb=4)
+    return TorchRuntime(d / "llama.gguf", dtype="float32", quant="none", kv_cache_mb=4)
 
 
 def test_step_sampled_mixed_lanes_match_host_sampling(rt):

@@ -29,12 +29,12 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rt(tiny_dir):
-    return TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", kv_cache_mb=4)
+    return TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", quant="none", kv_cache_mb=4)
 
 
 @pytest.fixture(scope="module")
 def det(tiny_dir):
-    return TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", kv_cache_mb=4, deterministic=True)
+    return TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", quant="none", kv_cache_mb=4, deterministic=True)
 
 
 def prefill(rt, tokens, chunks=None):
@@ -60,7 +60,7 @@ def rows_after(rt, seq, tokens):
 def test_parity_with_transformers(tiny_dir, name):
     from transformers import AutoModelForCausalLM
 
-    rt = TorchRuntime(tiny_dir / name, dtype="float32", kv_cache_mb=4)
+    rt = TorchRuntime(tiny_dir / name, dtype="float32", quant="none", kv_cache_mb=4)
     assert isinstance(rt, RuntimePrimitives)
     hf = AutoModelForCausalLM.from_pretrained(tiny_dir, gguf_file=name, dtype=torch.float32)
     s = rt.seq_create()
@@ -78,7 +78,7 @@ def test_hf_folder_matches_gguf(tiny_dir, tmp_path, rt):
     write_hf_folder(tiny_dir / "llama.gguf", tmp_path)
     AutoTokenizer.from_pretrained(tiny_dir, gguf_file="llama.gguf").save_pretrained(tmp_path)
     assert resolve_model(tmp_path) == tmp_path
-    rh = TorchRuntime(tmp_path, dtype="float32", kv_cache_mb=4)
+    rh = TorchRuntime(tmp_path, dtype="float32", quant="none", kv_cache_mb=4)
     a = rows_after(rh, rh.seq_create(), PROMPT)
     seq = rt.seq_create()
     b = rows_after(rt, seq, PROMPT)
@@ -92,19 +92,19 @@ def test_bad_files(tiny_dir, tmp_path):
     good = (tiny_dir / "llama.gguf").read_bytes()
     (tmp_path / "trunc.gguf").write_bytes(good[: len(good) // 2])
     with pytest.raises(ModelLoadError, match="trunc.gguf"):
-        TorchRuntime(tmp_path / "trunc.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "trunc.gguf", dtype="float32", quant="none")
     (tmp_path / "header.gguf").write_bytes(good[:100])
     with pytest.raises(ModelLoadError, match="header.gguf"):
-        TorchRuntime(tmp_path / "header.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "header.gguf", dtype="float32", quant="none")
     write_tiny_gguf(tmp_path / "missing.gguf", skip=("blk.1.ffn_up.weight",))
     with pytest.raises(ModelLoadError, match=r"missing.gguf.*blk\.1\.ffn_up\.weight"):
-        TorchRuntime(tmp_path / "missing.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "missing.gguf", dtype="float32", quant="none")
     write_tiny_gguf(tmp_path / "shape.gguf", shapes={"blk.0.attn_v.weight": (48, 64)})
     with pytest.raises(ModelLoadError, match=r"shape.gguf.*blk\.0\.attn_v\.weight.*\[48, 64\]"):
-        TorchRuntime(tmp_path / "shape.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "shape.gguf", dtype="float32", quant="none")
     write_tiny_gguf(tmp_path / "arch.gguf", arch="gpt2")
     with pytest.raises(ModelLoadError, match=r"arch.gguf.*unsupported architecture 'gpt2'"):
-        TorchRuntime(tmp_path / "arch.gguf", dtype="float32")
+        TorchRuntime(tmp_path / "arch.gguf", dtype="float32", quant="none")
     with pytest.raises(ModelLoadError, match="unknown model"):
         resolve_model("no-such-model-anywhere")
     assert issubclass(ModelLoadError, ValueError)
@@ -114,7 +114,7 @@ def test_bad_files(tiny_dir, tmp_path):
 
 
 def test_counters_capacity_and_unknown(tiny_dir):
-    rt = TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", kv_cache_mb=1)
+    rt = TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", quant="none", kv_cache_mb=1)
     page, cb = rt.desc.page, rt.desc.cell_bytes
     assert cb == 2 * 2 * 2 * 16 * 4  # K+V, 2 layers, 2 kv heads, head_dim 16, fp32
     total = rt.mem_counters().cells_total
@@ -278,7 +278,7 @@ def test_vocabulary_and_eos(rt):
 
 
 def test_bf16_mode_close_to_fp32(tiny_dir, rt):
-    rb = TorchRuntime(tiny_dir / "llama.gguf", dtype="bfloat16", kv_cache_mb=4)
+    rb = TorchRuntime(tiny_dir / "llama.gguf", dtype="bfloat16", quant="none", kv_cache_mb=4)
     a, row_a = prefill(rb, PROMPT)
     b, row_b = prefill(rt, PROMPT)
     (dec_a,) = rb.step([Feed(a, [9], True)])  # single-row step: the bf16 GEMV path on plain CPUs
@@ -299,7 +299,7 @@ def test_resolve_model(tiny_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_matches_cpu(tiny_dir, rt):
-    rc = TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", device="cuda", kv_cache_mb=4)
+    rc = TorchRuntime(tiny_dir / "llama.gguf", dtype="float32", quant="none", device="cuda", kv_cache_mb=4)
     for r in (rc, rt):
         r._out = []
         a, b = prefill(r, PROMPT)[0], prefill(r, PROMPT[:5])[0]

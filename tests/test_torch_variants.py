@@ -85,7 +85,7 @@ def test_mistral_sliding_window_matches_transformers(mistral, base, deterministi
     full = reference(hf_folder(base, "llama"), toks)
     assert np.abs(ref[WINDOW:] - full[WINDOW:]).max() > 1e-2  # the window matters past its length
     np.testing.assert_allclose(ref[:WINDOW], full[:WINDOW], atol=1e-5)  # ... and not before
-    rt = TorchRuntime(mistral, dtype="float32", kv_cache_mb=4, deterministic=deterministic)
+    rt = TorchRuntime(mistral, dtype="float32", quant="none", kv_cache_mb=4, deterministic=deterministic)
     assert rt.cfg.sliding_window == WINDOW and rt.desc.max_seq_len == min(8192, CONTEXT)  # no cap at the window
     for chunks in ([36], [5, 13], [3, 3, 9, 1, 4], [20]):  # whole, chunked, then decodes
         ours = run_chunks(rt, toks, chunks)
@@ -97,7 +97,7 @@ def test_mistral_mixed_batch_matches_transformers(mistral):
     a, b, c = tokens(30, 1), tokens(25, 2), tokens(12, 3)
     refs = [reference(mistral, t) for t in (a, b, c)]
     for det in (False, True):
-        rt = TorchRuntime(mistral, dtype="float32", kv_cache_mb=4, deterministic=det)
+        rt = TorchRuntime(mistral, dtype="float32", quant="none", kv_cache_mb=4, deterministic=det)
         sa, sb, sc = rt.seq_create(), rt.seq_create(), rt.seq_create()
         rt.step([Feed(sa, a[:29], False), Feed(sb, b[:10], False)])
         rows = rt.step_rows([Feed(sa, a[29:], True), Feed(sb, b[10:], True), Feed(sc, c, True)])
@@ -113,18 +113,18 @@ def test_mistral_window_deterministic_long_prompt(mistral):
     chunking-invariant in the batch-invariant kernel, and equal to transformers."""
     toks = tokens(150, seed=9)
     ref = reference(mistral, toks)
-    det = TorchRuntime(mistral, dtype="float32", kv_cache_mb=4, deterministic=True)
+    det = TorchRuntime(mistral, dtype="float32", quant="none", kv_cache_mb=4, deterministic=True)
     whole = run_chunks(det, toks, [150])
     assert np.abs(whole - ref).max() < 1e-4
     for chunks in ([64, 50, 36], [100, 1, 1, 40], [7] * 20):
         np.testing.assert_array_equal(run_chunks(det, toks, chunks)[-1], whole[-1])
-    fast = TorchRuntime(mistral, dtype="float32", kv_cache_mb=4)
+    fast = TorchRuntime(mistral, dtype="float32", quant="none", kv_cache_mb=4)
     assert np.abs(run_chunks(fast, toks, [70, 50]) - ref).max() < 1e-4
 
 
 def test_gguf_sliding_window_metadata(base, mistral, tmp_path):
     path = write_tiny_gguf(tmp_path / "swa.gguf", meta={"attention.sliding_window": WINDOW})
-    rg = TorchRuntime(path, dtype="float32", kv_cache_mb=4)
+    rg = TorchRuntime(path, dtype="float32", quant="none", kv_cache_mb=4)
     assert rg.cfg.sliding_window == WINDOW
     toks = tokens(30, seed=4)
     assert np.abs(run_chunks(rg, toks, [11]) - reference(mistral, toks)).max() < 1e-4
@@ -193,19 +193,19 @@ def test_llama_yarn_matches_transformers(base):
     toks = tokens(120, seed=7)  # well past original_max_position_embeddings (32)
     ref = reference(folder, toks)
     assert np.abs(ref - reference(hf_folder(base, "llama"), toks)).max() > 1e-2  # the scaling matters
-    rt = TorchRuntime(folder, dtype="float32", kv_cache_mb=4)
+    rt = TorchRuntime(folder, dtype="float32", quant="none", kv_cache_mb=4)
     _, attn = rt.cfg.rope()
     assert attn == pytest.approx(0.1 * np.log(4.0) + 1)
     assert rt.model.cos[0, 0].item() == pytest.approx(attn)  # cos(0) * attention factor
     assert np.abs(run_chunks(rt, toks, [50, 60]) - ref).max() < 1e-4
-    det = TorchRuntime(folder, dtype="float32", kv_cache_mb=4, deterministic=True)
+    det = TorchRuntime(folder, dtype="float32", quant="none", kv_cache_mb=4, deterministic=True)
     assert np.abs(run_chunks(det, toks, [117]) - ref).max() < 1e-4
 
 
 def test_gguf_yarn_metadata(base, tmp_path):
     folder = hf_folder(base, "yarn", rope_scaling=YARN)
     path = write_tiny_gguf(tmp_path / "yarn.gguf", meta=YARN_GGUF)
-    rg, rh = TorchRuntime(path, dtype="float32", kv_cache_mb=4), TorchRuntime(folder, dtype="float32", kv_cache_mb=4)
+    rg, rh = TorchRuntime(path, dtype="float32", quant="none", kv_cache_mb=4), TorchRuntime(folder, dtype="float32", quant="none", kv_cache_mb=4)
     assert rg.cfg.rope_scaling == rh.cfg.rope_scaling
     inv_g, a_g = rg.cfg.rope()
     inv_h, a_h = rh.cfg.rope()

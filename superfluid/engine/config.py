@@ -25,7 +25,9 @@ class EngineConfig:
     model: str = ""
     runtime: str = "torch"  # "torch" | "toy"
     dtype: str | None = None
-    quant: str | None = None  # torch on CPU: "q8_0" | "q4_1" weights for decode-sized products (native kernels)
+    # torch: "auto" (a GGUF on CPU decodes on the native kernel nearest its own tensor types),
+    # "none" (the reference numerics, as transformers), "q8_0" | "q4_1" (runtimes/torch/quant_choice.py)
+    quant: str = "auto"
     kv_cache_mb: int = 0  # 0: the runtime's default
     max_batch: int = 0  # 0: the runtime's default
     deterministic: bool = False

@@ -25,7 +25,7 @@ class LLM:
         runtime: str = "torch",
         *,
         dtype: str | None = None,
-        quant: str | None = None,
+        quant: str = "auto",
         kv_cache_mb: int = 0,
         max_batch: int = 0,
         deterministic: bool = False,

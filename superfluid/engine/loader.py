@@ -19,7 +19,7 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
     """(registry kind, keyword arguments, model name) for the config's runtime."""
     kw: dict[str, Any] = {}
     if config.runtime == "toy":
-        if config.quant:
+        if config.quant not in ("auto", "none"):
             raise ValueError("quant applies to the torch runtime")
         if config.max_batch:
             kw["max_batch"] = config.max_batch
@@ -36,8 +36,7 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
             kw["kv_cache_mb"] = config.kv_cache_mb
         if config.max_batch:
             kw["max_batch"] = config.max_batch
-        if config.quant:
-            kw["quant"] = config.quant
+        kw["quant"] = config.quant
         kw.update(config.runtime_extra)
         return "torch", kw, name
     raise ValueError(f"unknown runtime {config.runtime!r} (choose from toy, torch)")

@@ -123,6 +123,11 @@ class Scheduler:
         leases: dict[int, Seed | None] = {}  # one lease per request across re-plans
 
         def lease(req: Request) -> Seed | None:
+            if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
+                # A cached prefix was computed along another path (chunking, batch company):
+                # on a runtime whose rows depend on that, a seeded request prefills afresh so
+                # that it gives the same text on every call. Its own forks still share its prompt.
+                return None
             if id(req) not in leases:
                 got = self.ex.lease_seed(
                     req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class

@@ -71,6 +71,9 @@ class RuntimeDesc:
     engine_draws: bool = False  # ... including temperature draws, not only greedy
     verify_batches: bool = True  # step_rows may carry several drafting lanes at once
     cell_bytes: int = 0  # bytes one cell (one token of one sequence) occupies
+    # A row's logits are a function of its own token history alone: not of the step's other
+    # feeds, its chunking, or whether its prefix came from the cache.
+    batch_invariant: bool = False
 
 
 @dataclass(frozen=True)

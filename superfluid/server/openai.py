@@ -147,7 +147,8 @@ def create_app(
         status = "ok" if engine.alive else "error"
         if status == "ok" and worker is not None and worker["state"] != "ok":
             status = "error" if worker["state"] in ("failed", "stopped") else "degraded"
-        body = {"status": status, "pid": engine.pid, "model": name}
+        # runtime: which numerics serve (e.g. torch:<file>:float32:det:q4_1, the fast default)
+        body = {"status": status, "pid": engine.pid, "model": name, "runtime": core.desc.runtime_id}
         if worker is not None:
             body.update(worker=worker["state"], restarts=worker["restarts"], last_exit=worker["last_exit"])
         return JSONResponse(body, status_code=503 if status == "error" else 200)

@@ -22,6 +22,7 @@ from .gguf_weights import load_gguf, open_gguf
 from .hf_weights import load_hf
 from .llama import Llama
 from .paged import PagedKV
+from .quant_choice import resolve_quant
 from .sample import sample_lanes
 
 
@@ -47,10 +48,10 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     return table[dtype]
 
 
-def load_model(path: Path, progress: bool = False):
-    """(config, tensors, tokenizer) from a .gguf file or a Hugging Face folder."""
+def load_model(path: Path, progress: bool = False, reader=None):
+    """(config, tensors, tokenizer) from a .gguf file (reader: already open) or a Hugging Face folder."""
     if path.suffix == ".gguf":
-        reader = open_gguf(path)
+        reader = reader or open_gguf(path)
         cfg, tensors = load_gguf(path, progress, reader)
         return cfg, tensors, Tokenizer.from_gguf(path, reader)
     cfg, tensors = load_hf(path, progress)
@@ -61,13 +62,19 @@ class TorchRuntime:
     def __init__(self, model: str | Path = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
                  device: str | None = None, kv_cache_mb: int = 1024, max_batch: int = 64,
                  max_seq_len: int = 8192, page: int = 16, deterministic: bool = False, progress: bool = False,
-                 prefill_step_tokens: int = 512, quant: str | None = None):
-        """quant ("q8_0" | "q4_1", CPU): decode-sized products on block-quantized weights and
-        the native kernels (native.py); prefill keeps full-precision weights."""
+                 prefill_step_tokens: int = 512, quant: str | None = "auto", invariant: bool = True):
+        """quant: "auto" (a GGUF on CPU: the native kernel nearest its own types), "none"
+        (the reference numerics), "q8_0" | "q4_1" (quant_choice.py). On a quantized route
+        ``invariant`` (the default) makes every row a function of that row alone, as
+        ``deterministic`` does on the reference route."""
         path = resolve_model(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        reader = open_gguf(path) if path.suffix == ".gguf" else None
+        quant = resolve_quant(quant, path, self.device, reader)
+        deterministic = deterministic or (quant is not None and invariant)
+        self.quant = quant
         self.dtype = pick_dtype(dtype or ("float32" if quant else None), self.device)
-        cfg, tensors, self.tokenizer = load_model(path, progress)
+        cfg, tensors, self.tokenizer = load_model(path, progress, reader)
         if self.tokenizer.vocab_size > cfg.vocab_size:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")
         self.cfg = cfg
@@ -86,7 +93,7 @@ class TorchRuntime:
             vocab_size=cfg.vocab_size, max_batch=max_batch, max_seq_len=seq_cap, max_seqs=0, page=page,
             prefill_step_tokens=prefill_step_tokens, exact_only=False, truncate_partial=True,
             copy_shares_cells=True, takeover_preferred=False, engine_sampling=True, engine_draws=True,
-            verify_batches=True, cell_bytes=self.kv.cell_bytes,
+            verify_batches=True, cell_bytes=self.kv.cell_bytes, batch_invariant=deterministic,
         )
         self._vocab: Vocabulary | None = None
         self._eos = frozenset(self.tokenizer.eos_ids)
