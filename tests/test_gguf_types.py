@@ -221,3 +221,30 @@ def test_llama_cpp_reference_vocab(vocab):
         ids = [int(i) for i in ids.split()]
         assert tok.encode(text) == ids, text
         assert b"".join(tok.token_bytes(i) for i in ids) == (" " + text if text else "").encode(), text
+
+
+# ---------------------------------------------------------------- the default kernel per file
+
+AUTO = {"f16.gguf": "q8_0", "q4_0.gguf": "q4_1", "q4_1.gguf": "q4_1", "q8_0.gguf": "q8_0",
+        "q4_k.gguf": "q4_1", "q6_k.gguf": "q8_0", "q4_k_m.gguf": "q4_1"}
+
+
+@pytest.mark.parametrize("name", list(AUTO))
+def test_auto_quant_follows_the_files_own_types(tiny_dir, name):
+    """quant="auto" (the default) decodes on the kernel nearest the file's layer matrices,
+    on the batch-invariant route; "none" keeps the reference numerics."""
+    rt = TorchRuntime(tiny_dir / name, kv_cache_mb=4)
+    assert rt.quant == AUTO[name] and rt.desc.batch_invariant
+    assert rt.desc.runtime_id.endswith(f":det:{AUTO[name]}")
+    ref = TorchRuntime(tiny_dir / name, quant="none", kv_cache_mb=4)
+    assert ref.quant is None and not ref.desc.batch_invariant
+
+
+def test_auto_quant_keeps_full_precision_off_gguf_and_off_cpu(tiny_dir, tmp_path):
+    from superfluid.runtimes.torch.quant_choice import resolve_quant
+
+    assert resolve_quant("auto", tiny_dir / "q4_1.gguf", torch.device("cuda")) is None
+    assert resolve_quant("auto", tmp_path, torch.device("cpu")) is None  # a Hugging Face folder
+    assert resolve_quant("q8_0", tiny_dir / "q4_1.gguf", torch.device("cpu")) == "q8_0"
+    with pytest.raises(ValueError, match="unknown quant 'q5'"):
+        resolve_quant("q5", tiny_dir / "q4_1.gguf", torch.device("cpu"))
