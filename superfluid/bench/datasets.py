@@ -256,7 +256,18 @@ def _json(rng: random.Random, n: int, output_len: int) -> list[BenchRequest]:
     return out
 
 
-DATASETS = ("chat", "shared-prefix", "shared-prefix-nocache", "grounded", "json")
+def _long(rng: random.Random, n: int, output_len: int) -> list[BenchRequest]:
+    """A ~2,000-token document of its own per request, then a question: prefill-bound."""
+    out = []
+    for _ in range(n):
+        doc = prose(rng, 2120)  # ~2,000 tokens with the SmolLM2 tokenizer
+        ask = f"Using the document above, {rng.choice(_CHAT_ASKS).format(t=rng.choice(_TOPICS)).lower()}"
+        out.append(BenchRequest(messages=({"role": "user", "content": f"{doc}\n\n{ask}"},), max_tokens=output_len,
+                                kind="long", meta={"approx_prompt_tokens": 2000}))
+    return out
+
+
+DATASETS = ("chat", "shared-prefix", "shared-prefix-nocache", "grounded", "json", "long")
 
 
 def make_dataset(name: str, n: int, seed: int = 0, output_len: int = 128) -> list[BenchRequest]:
@@ -272,6 +283,8 @@ def make_dataset(name: str, n: int, seed: int = 0, output_len: int = 128) -> lis
         return _grounded(rng, n, output_len)
     if name == "json":
         return _json(rng, n, output_len)
+    if name == "long":
+        return _long(rng, n, output_len)
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
 
 
