@@ -73,7 +73,8 @@ def test_results_do_not_depend_on_threads_or_batch(threads):
 
 
 def test_portable_build_agrees(tmp_path):
-    """The plain C paths (CPUs without AVX2/FMA) compute the same products and attention."""
+    """The plain C paths (CPUs without AVX2/FMA) compute the same products and attention, and
+    the VNNI dot products (this CPU's native build, where it has them) exactly the AVX2 ones."""
     import os
     import subprocess
     import sys
@@ -90,14 +91,18 @@ out.append(K.attend_decode(q, kc, kc, gather, torch.tensor([0, 4]), torch.tensor
 torch.save(out, sys.argv[1])
 """
     results = []
-    for portable in ("", "1"):
-        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_PORTABLE_KERNELS=portable)
-        path = tmp_path / f"out{portable}.pt"
+    for portable, no_vnni in (("", ""), ("1", ""), ("", "1")):
+        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_PORTABLE_KERNELS=portable,
+                   SUPERFLUID_KERNELS_NO_VNNI=no_vnni)
+        path = tmp_path / f"out{portable}{no_vnni}.pt"
         subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=300)
         results.append(torch.load(path))
-    assert len(list((tmp_path / "cache").glob("kernels-*.so"))) == 2
-    for a, b in zip(*results):
+    assert len(list((tmp_path / "cache").glob("kernels-*.so"))) == 3
+    native, portable, avx2 = results
+    for a, b in zip(native, portable):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(native, avx2):  # VNNI (where the CPU has it) and AVX2 dot products: exact integers alike
+        assert torch.equal(a, b)
 
 
 def test_gemv_rejects_bad_input():

@@ -27,6 +27,17 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SF_AVX2 1
+/* u8 x s8 dot products of 4 adjacent bytes into int32 lanes. VNNI does it in one exact
+ * instruction; AVX2 needs maddubs (u8 x s8 pairs into int16) then madd (pairs into int32).
+ * Both are exact here (every pair sum fits int16: |w|, |x| <= 127, q4 w <= 15), so the two
+ * builds give bit-identical products. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(SF_NO_VNNI)
+#define SF_DOT_U8S8(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#elif defined(__AVXVNNI__) && !defined(SF_NO_VNNI)
+#define SF_DOT_U8S8(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#else
+#define SF_DOT_U8S8(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
+#endif
 #else
 #define SF_AVX2 0
 #endif
@@ -202,15 +213,13 @@ static inline float hsum8(__m256 v) {
 /* One weight row (nb blocks) against one quantized x row. */
 static float dot_q8_0(const int8_t *wq, const float *wd, const int8_t *xq, const float *xd, int nb) {
 #if SF_AVX2
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
-        /* maddubs wants unsigned x signed: |w| times x carrying w's sign (exact, no saturation
+        /* u8 x s8 wants unsigned x signed: |w| times x carrying w's sign (exact, no saturation
          * since |w|, |x| <= 127). */
-        __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)));
         acc = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[b] * xd[b]), acc);
     }
     return hsum8(acc);
@@ -232,13 +241,13 @@ static float dot_q4_1(const uint8_t *qs, const float *wd, const float *wm, const
     float macc = 0.f;
     for (int b = 0; b < nb; b++) macc += wm[b] * xs[b];
 #if SF_AVX2
-    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m128i raw = _mm_loadu_si128((const __m128i *)(qs + b * 16));
         __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
-        __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+        __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(w, x));
         acc = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[b] * xd[b]), acc);
     }
     return hsum8(acc) + macc;
@@ -261,14 +270,12 @@ static float dot_q4_1(const uint8_t *qs, const float *wd, const float *wm, const
  * row alone is bound by the FMA latency) and each x block loaded once. */
 static void dot4_q8_0(const int8_t *wq, const float *wd, size_t ldq, size_t ldd, const int8_t *xq, const float *xd,
                       int nb, float *out) {
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int b = 0; b < nb; b++) {
         __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
         for (int r = 0; r < 4; r++) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(wq + r * ldq + b * QK));
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)));
             acc[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[r * ldd + b] * xd[b]), acc[r]);
         }
     }
@@ -277,7 +284,7 @@ static void dot4_q8_0(const int8_t *wq, const float *wd, size_t ldq, size_t ldd,
 
 static void dot4_q4_1(const uint8_t *qs, const float *wd, const float *wm, size_t ldq, size_t ldd, const int8_t *xq,
                       const float *xd, const float *xs, int nb, float *out) {
-    const __m256i ones = _mm256_set1_epi16(1), low = _mm256_set1_epi8(0x0f);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float macc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int b = 0; b < nb; b++) {
@@ -285,7 +292,7 @@ static void dot4_q4_1(const uint8_t *qs, const float *wd, const float *wm, size_
         for (int r = 0; r < 4; r++) {
             __m128i raw = _mm_loadu_si128((const __m128i *)(qs + r * ldq + b * 16));
             __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones));
+            __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(w, x));
             acc[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[r * ldd + b] * xd[b]), acc[r]);
             macc[r] += wm[r * ldd + b] * xs[b];
         }
