@@ -17,7 +17,7 @@ import numpy as np
 
 from ..abi import FaultCode, OpCompletion, OpKind, Status, TickOutcome, TickPlan
 from ..rings import Rings
-from ..runtimes.base import PrimError, RuntimePrimitives
+from ..runtimes.base import Fatal, PrimError, RuntimePrimitives
 from .cache import CacheEntry, PrefixCache
 if TYPE_CHECKING:
     from .grammar import GrammarStore
@@ -141,8 +141,10 @@ class Executor:
         if self.host_room(e.bytes):
             try:
                 payload = self.prim.seq_export(seq)
-            except PrimError:
-                payload = None
+            except PrimError as err:
+                if isinstance(err, Fatal):
+                    raise  # run_tick takes the fatal path
+                payload = None  # dropped instead of exported
         self.prim.seq_free(seq)
         if payload is None:
             self.cache.remove(e.entry_id)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..runtimes.base import Feed, PrimError
-from .tick import FatalTick, TickState, fail_step
+from .tick import FatalTick, TickState, fail_step, unless_fatal
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -65,14 +65,16 @@ def checkpoint_prompt(ex: "Executor", tag: int, min_tokens: int = CHECKPOINT_MIN
     tokens = lane.committed[:n]
     if n < max(min_tokens, 1) or ex.cache.find_tokens(tokens) is not None:
         return
-    try:
+    try:  # best effort: without room the prompt is simply not cached; a Fatal still is fatal
         dst = ex.prim.seq_create()
-    except PrimError:
+    except PrimError as e:
+        unless_fatal(ex, e, "publishing a prompt (create)")
         return
     try:
         ex.prim.seq_copy(lane.seq, dst, n)
-    except PrimError:
+    except PrimError as e:
         ex.prim.seq_free(dst)
+        unless_fatal(ex, e, "publishing a prompt (copy)")
         return
     ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count)
 

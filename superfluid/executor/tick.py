@@ -106,6 +106,35 @@ def fault_lane(ex: "Executor", st: TickState, tag: int, code: int) -> None:
     ex.inject_faults.pop(tag, None)
 
 
+def unless_fatal(ex: "Executor", e: PrimError, during: str) -> None:
+    """A best-effort primitive failed and its caller can do without it; a ``Fatal`` still
+    takes the one fatal path (ex.fatal: the worker exits 70 and is replaced)."""
+    if isinstance(e, Fatal):
+        raise FatalTick(ex.fatal(during))
+
+
+def admit_fault(ex: "Executor", st: TickState, tag: int, code: int) -> None:
+    """An admitted lane that could not get its sequence: the lane faults (the scheduler
+    waits or preempts on OOM_TENTATIVE), the tick goes on."""
+    st.admit_results.append(AdmitResult(tag, AdmitStatus.ADMITTED, 0, 0, Exactness.SEED_PATH_INVARIANT))
+    st.faulted.add(tag)
+    st.faults.append(LaneFault(tag, code, 0))
+    ex.faulted.add(tag)
+
+
+def new_seq(ex: "Executor", st: TickState, tag: int, during: str) -> int | None:
+    """seq_create for an admitted lane: out of slots or cells is the lane's fault, never a
+    FATAL tick; a Fatal takes the fatal path. None: the lane faulted."""
+    try:
+        return ex.prim.seq_create()
+    except PrimError as e:
+        code = lane_fault_code(e)
+        if code is None:
+            raise FatalTick(ex.fatal(during)) from None
+        admit_fault(ex, st, tag, code)
+        return None
+
+
 def fail_step(ex: "Executor", st: TickState, tags: list[int], e: PrimError, during: str) -> None:
     """A failed step faults the lanes it carried; a fatal error ends the tick."""
     code = lane_fault_code(e)
@@ -131,6 +160,8 @@ def run_tick(ex: "Executor", plan: TickPlan, on_partial_emit) -> TickOutcome:
         _carry_out(ex, st, cap)
     except FatalTick as f:
         return TickOutcome(int(f.status))
+    except Fatal as e:  # one no site caught (e.g. an eviction's export): still the one fatal path
+        return TickOutcome(int(ex.fatal(f"the tick's carry-out ({e})")))
     return TickOutcome(int(Status.OK), _events(ex, st, t_start))
 
 
@@ -174,8 +205,8 @@ def _retire(ex: "Executor", st: TickState) -> None:
             try:
                 ex.prim.step([Feed(lane.seq, [lane.pending_input], False)])
                 lane.pending_input = None
-            except PrimError:
-                pass  # published without its last token
+            except PrimError as e:
+                unless_fatal(ex, e, "publishing a retired lane's last token")  # else published without it
         ingested = lane.ingested()
         key_len = ingested if ex.desc.exact_only else ingested // page * page
         ex.inject_faults.pop(r.lane_tag, None)
@@ -188,8 +219,8 @@ def _retire(ex: "Executor", st: TickState) -> None:
             try:
                 ex.prim.seq_truncate(lane.seq, key_len)
                 held = key_len
-            except PrimError:
-                pass
+            except PrimError as e:
+                unless_fatal(ex, e, "cutting a retired lane to its cache key")  # else kept whole
         same = ex.cache.find_tokens(key)
         if same is not None and same.seq is not None:
             # Already cached: the older entry stays (its leases name it) and is used.
@@ -213,8 +244,9 @@ def _take_over(ex: "Executor", st: TickState, handles: set[int]) -> set[int]:
             try:
                 ex.prim.seq_truncate(e.seq, keep)
             except PrimError:
+                # validated as possible: a runtime that refuses now cannot be trusted
                 ex.prim.seq_free(e.seq)
-                raise FatalTick(Status.FATAL) from None
+                raise FatalTick(ex.fatal("a take-over's truncate")) from None
         st.evicted(a.lane_tag, e.bytes, len(e.tokens))
         done.add(a.seed_handle)
         # the lease is consumed by the admit; it no longer pins anything
@@ -240,7 +272,7 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
                     ex.prim.seq_truncate(seq, n - 1)
                 except PrimError:
                     ex.prim.seq_free(seq)
-                    raise FatalTick(Status.FATAL) from None
+                    raise FatalTick(ex.fatal("an adopted sequence's truncate")) from None
         elif a.seed_handle in taken:
             seq = lease.taken_seq
         else:
@@ -252,10 +284,9 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
         prefilled = n
         committed = list(lease.prefix)
     else:
-        try:
-            seq = ex.prim.seq_create()
-        except PrimError:
-            raise FatalTick(Status.FATAL) from None
+        seq = new_seq(ex, st, a.lane_tag, "creating a lane's sequence")
+        if seq is None:
+            return
     bias = ex.biases.get(a.logit_bias_handle) if a.logit_bias_handle else None
     # A lane drafts when it asked for the strategy and nothing it carries changes a
     # row in a way the draft path does not replay.
@@ -302,14 +333,14 @@ def _seed_copy(ex: "Executor", st: TickState, a, lease, copy_len: int) -> int | 
     """The lane's own sequence from the seed's entry: copied in the pool, or imported
     from host memory and cut to the seed. A failed import prefills afresh: state
     lost, not a request lost."""
-    try:
-        seq = ex.prim.seq_create()
-    except PrimError:
-        raise FatalTick(Status.FATAL) from None
     e = ex.cache.get(lease.entry_id)
+    seq = new_seq(ex, st, a.lane_tag, "creating a seeded lane's sequence")
+    if seq is None:
+        e.pins = max(e.pins - 1, 0)
+        return None
     out_of_pool = e.seq is None
     placed = True
-    code = None
+    failure: PrimError | None = None
     try:
         if copy_len == 0:
             pass
@@ -321,32 +352,30 @@ def _seed_copy(ex: "Executor", st: TickState, a, lease, copy_len: int) -> int | 
         else:
             ex.prim.seq_copy(e.seq, seq, copy_len)
     except PrimError as err:
-        placed = False
-        code = lane_fault_code(err)
+        placed, failure = False, err
     e.pins = max(e.pins - 1, 0)
-    if not placed and not out_of_pool and code is not None:
+    if isinstance(failure, Fatal):
+        ex.prim.seq_free(seq)
+        raise FatalTick(ex.fatal("an import of an exported entry" if out_of_pool else "a seed's copy"))
+    if failure is not None and not out_of_pool:
         # The pool could not hold the copy after all (the check counts tokens, the
         # runtime allocates blocks): the lane faults, the entry stays.
         ex.prim.seq_free(seq)
-        st.admit_results.append(AdmitResult(a.lane_tag, AdmitStatus.ADMITTED, 0, 0, Exactness.SEED_PATH_INVARIANT))
-        st.faulted.add(a.lane_tag)
-        st.faults.append(LaneFault(a.lane_tag, code, 0))
-        ex.faulted.add(a.lane_tag)
+        admit_fault(ex, st, a.lane_tag, lane_fault_code(failure))
         return None
     if not placed:
-        afresh = False
-        if out_of_pool:
-            try:
-                if ex.prim.seq_len(seq) != 0:
-                    ex.prim.seq_truncate(seq, 0)
-                if ex.prim.seq_len(seq) == 0:
-                    ex.prim.step([Feed(seq, lease.prefix[:copy_len], False)])
-                    afresh = True
-            except PrimError:
-                afresh = False
-        if not afresh:
+        # out of the pool: the import failed, so the prefix is prefilled afresh
+        try:
+            if ex.prim.seq_len(seq) != 0:
+                ex.prim.seq_truncate(seq, 0)
+            ex.prim.step([Feed(seq, lease.prefix[:copy_len], False)])
+        except PrimError as err:
             ex.prim.seq_free(seq)
-            raise FatalTick(Status.FATAL)
+            fresh_code = lane_fault_code(err)
+            if fresh_code is None or not isinstance(err, Capacity):
+                raise FatalTick(ex.fatal("prefilling a failed import afresh")) from None
+            admit_fault(ex, st, a.lane_tag, fresh_code)  # no room for it after all: the lane waits
+            return None
         if e.pins == 0:
             ex.cache.remove(e.entry_id)
             st.evicted(a.lane_tag, 0, len(e.tokens))
