@@ -87,15 +87,19 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_0)
 
     from .engine.async_engine import AsyncEngine
+    from .server.limits import H11_MAX_HEADER_BYTES, Limits
     from .server.openai import create_app
 
     config = _config(
         args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True, worker=not args.in_process,
+        max_request_tokens=args.max_request_tokens,
         worker_stall_timeout=args.worker_stall_timeout, runtime_extra=_runtime_extra(args.runtime_arg),
     )
     engine = _build(config)
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
-    app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout)
+    limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
+    app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout,
+                     limits=limits)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -107,7 +111,8 @@ def serve(args: argparse.Namespace) -> int:
 
     print(f"superfluid: serving {args.served_model_name or config.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=args.drain_timeout + 2.0)
+                               timeout_graceful_shutdown=args.drain_timeout + 2.0,
+                               h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES)
     Server(uv_config).run()
     return 0
 
@@ -208,6 +213,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-queued-requests", type=int, default=256, help="waiting requests beyond which new ones get 429")
     s.add_argument("--max-n", type=int, default=16, help="the largest n a request may ask for")
+    s.add_argument("--max-body-mb", type=float, default=8.0, help="request bodies larger than this get 413")
+    s.add_argument("--max-prompt-chars", type=int, default=0,
+                   help="prompt text longer than this is refused before tokenising (default: 32 per context token)")
+    s.add_argument("--max-request-tokens", type=int, default=1 << 17, help="the most n x max_tokens a request may ask for")
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")

@@ -33,6 +33,7 @@ class EngineConfig:
     deterministic: bool = False
     max_queued_requests: int = 256  # waiting requests beyond which new ones are refused
     max_n: int = 16  # the largest n a request may ask for
+    max_request_tokens: int = 1 << 17  # n x max_tokens (capped at the context) a request may ask for
     progress: bool = False  # a progress bar while weights load
     worker: bool = False  # run the runtime in a supervised worker process
     worker_stall_timeout: float = 60.0  # a worker whose tick sees no runtime call complete this long is replaced

@@ -73,6 +73,11 @@ class Engine:
                 "prompt",
             )
         params.validate(self.vocab_size, self.config.max_n)
+        room = self.max_seq_len - len(prompt_token_ids)
+        total = params.n * (room if params.max_tokens is None else min(params.max_tokens, room))
+        if total > self.config.max_request_tokens:
+            raise ParamError(f"n * max_tokens is {total} tokens; at most {self.config.max_request_tokens} per request",
+                             "max_tokens")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
         """Validate, take handles, queue one request per choice. Raises ParamError."""

@@ -15,6 +15,10 @@ from .. import abi
 from ..abi import MAX_TOP_LOGPROBS
 
 
+MAX_STOP = 16  # stop strings per request
+MAX_STOP_CHARS = 256  # characters per stop string (each is searched for in every delta)
+MAX_STOP_TOKEN_IDS = 64
+
 class ParamError(ValueError):
     """A parameter outside its range; ``param`` names it as OpenAI's error body does."""
 
@@ -98,8 +102,12 @@ class SamplingParams:
             raise ParamError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}", "top_logprobs")
         if any(not s for s in self.stop):
             raise ParamError("stop strings must not be empty", "stop")
-        if len(self.stop) > 16:
-            raise ParamError("at most 16 stop strings", "stop")
+        if len(self.stop) > MAX_STOP:
+            raise ParamError(f"at most {MAX_STOP} stop strings", "stop")
+        if any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ParamError(f"stop strings must be at most {MAX_STOP_CHARS} characters", "stop")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ParamError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids", "stop_token_ids")
         for tok, v in self.logit_bias.items():
             if vocab_size is not None and not 0 <= int(tok) < vocab_size:
                 raise ParamError(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")

@@ -24,6 +24,7 @@ from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
 from . import render
 from .errors import APIError, install_error_handlers
+from .limits import BodyLimit, Limits, prompt_char_cap
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, chat_params, completion_params, completion_prompts
 
@@ -31,7 +32,8 @@ DISCONNECT_POLL_S = 0.25
 
 
 def create_app(
-    engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0
+    engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
+    limits: Limits = Limits(),
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -51,6 +53,14 @@ def create_app(
     app.state.engine = engine
     app.state.metrics = metrics
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    max_chars = prompt_char_cap(limits, core.desc.max_seq_len)
+
+    def check_chars(n: int, param: str) -> None:
+        # before any tokenizer work: a 100 MB prompt costs a length check, not seconds
+        if n > max_chars:
+            raise APIError(400, f"the {param} has {n} characters; at most {max_chars} are accepted", param,
+                           "context_length_exceeded")
     engine.start()  # also without a lifespan (TestClient used without `with`)
 
     # ------------------------------------------------------------ helpers
@@ -182,6 +192,8 @@ def create_app(
         except ParamError as e:
             raise APIError(400, str(e), e.param, "invalid_value") from None
         for p in raw:
+            if isinstance(p, str):
+                check_chars(len(p), "prompt")
             ids = tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
             validate(ids, params)
             prompts.append(ids)
@@ -219,6 +231,7 @@ def create_app(
         if not body.messages:
             raise APIError(400, "messages must not be empty", "messages", "invalid_value")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        check_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
         except Exception as e:  # a template that rejects the conversation (roles, order)

@@ -81,7 +81,7 @@ class ContentPart(_Lenient):
 
 
 class ChatMessage(_Lenient):
-    role: str
+    role: Literal["system", "user", "assistant", "tool", "developer"]  # anything else: 400 naming messages.N.role
     content: str | list[ContentPart] | None = None
     name: str | None = None
 

@@ -1,0 +1,72 @@
+"""Bounds at the door: what a request may cost the server before it is refused.
+
+- The body: at most ``max_body_bytes`` (default 8 MiB), read before the app sees it, so a
+  10 MB body costs the reading of 8 MiB and a 413, never a JSON parse or a tokenizer run.
+- Prompt text: at most ``max_prompt_chars`` characters (default: 32 per context token)
+  before it is tokenised.
+- Headers: uvicorn's h11 limit (``H11_MAX_HEADER_BYTES``, set by ``superfluid serve``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .errors import error_body
+
+H11_MAX_HEADER_BYTES = 32 * 1024  # request line + headers; uvicorn answers 400 past it
+CHARS_PER_TOKEN_CAP = 32  # no tokenizer here packs more characters into one token
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int = 8 << 20
+    max_prompt_chars: int = 0  # 0: CHARS_PER_TOKEN_CAP x the model's context
+
+
+class BodyLimit:
+    """ASGI middleware: a body over ``max_bytes`` is answered 413 with OpenAI's error body."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or ()).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._too_large(send)
+        chunks, size = [], 0
+        while True:  # buffer the body (bounded), then hand it to the app as one message
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await self._too_large(send)
+            chunks.append(chunk)
+            if not msg.get("more_body"):
+                break
+        body, delivered = b"".join(chunks), False
+
+        async def replay():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later reads wait for the disconnect, as before
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send) -> None:
+        payload = json.dumps(error_body(f"the request body is larger than {self.max_bytes} bytes",
+                                        "invalid_request_error", None, "request_too_large")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def prompt_char_cap(limits: Limits, max_seq_len: int) -> int:
+    return limits.max_prompt_chars or CHARS_PER_TOKEN_CAP * max(max_seq_len, 1)

@@ -1,0 +1,65 @@
+"""Bounded inputs at the door (issue 11): a body cap answered 413 before any parsing, prompt
+text capped in characters before tokenising, stop and n x max_tokens caps, roles checked."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from superfluid.engine.async_engine import AsyncEngine
+from superfluid.engine.config import EngineConfig
+from superfluid.engine.loader import build_engine
+from superfluid.server.limits import Limits
+from superfluid.server.openai import create_app
+
+from test_server import MODEL, assert_error, chat_body
+
+
+@pytest.fixture(scope="module")
+def client():
+    engine = build_engine(EngineConfig(runtime="toy", model=MODEL, max_request_tokens=1024))
+    app = create_app(AsyncEngine(engine, max_queued=64), limits=Limits(max_body_bytes=1 << 20, max_prompt_chars=20_000))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_a_body_over_the_cap_is_413_and_costs_no_parse(client):
+    big = chat_body(messages=[{"role": "user", "content": "x" * (2 << 20)}])
+    t = time.perf_counter()
+    r = client.post("/v1/chat/completions", json=big)
+    assert_error(r, 413, contains="larger than")
+    assert time.perf_counter() - t < 5.0  # generous: the point is no multi-second parse and tokenise
+    # streamed without a content-length, the same
+    raw = b'{"model": "toy", "messages": [{"role": "user", "content": "' + b"y" * (2 << 20) + b'"}]}'
+    r = client.post("/v1/chat/completions", content=iter([raw[i:i + 65536] for i in range(0, len(raw), 65536)]),
+                    headers={"content-type": "application/json"})
+    assert_error(r, 413)
+    assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200  # the server is fine
+
+
+def test_prompt_text_is_capped_in_characters_before_tokenising(client):
+    assert_error(client.post("/v1/completions", json={"model": MODEL, "prompt": "z" * 30_000, "max_tokens": 2}),
+                 400, "prompt", "characters")
+    long_chat = chat_body(messages=[{"role": "user", "content": "w" * 12_000}] * 2)
+    assert_error(client.post("/v1/chat/completions", json=long_chat), 400, "messages", "characters")
+
+
+def test_unknown_role_is_400_naming_the_field(client):
+    r = client.post("/v1/chat/completions", json=chat_body(messages=[{"role": "wizard", "content": "hi"}]))
+    err = assert_error(r, 400)
+    assert "messages.0.role" in err["message"]
+    r = client.post("/v1/chat/completions", json=chat_body(messages=[{"role": "developer", "content": "be brief"},
+                                                                      {"role": "user", "content": "hi"}]))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(stop=["a"] * 17), "stop"),
+    (dict(stop=["q" * 257]), "stop"),
+    (dict(stop_token_ids=list(range(65))), "stop_token_ids"),
+    (dict(n=4, max_tokens=400), "max_tokens"),  # 1,600 > the 1,024 this server allows per request
+])
+def test_request_size_caps(client, kw, param):
+    assert_error(client.post("/v1/chat/completions", json=chat_body(**kw)), 400, param)
