@@ -230,7 +230,8 @@ def create_app(
         params = _params(chat_params, body)
         if not body.messages:
             raise APIError(400, "messages must not be empty", "messages", "invalid_value")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        # OpenAI's developer role is the system role of chat templates
+        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
         check_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
