@@ -279,7 +279,8 @@ def test_queue_full_answers_429():
 
 
 def test_client_disconnect_aborts_the_stream():
-    with make_client() as c:
+    # slow steps (400 tokens >= 2 s): on a busy machine the request cannot finish before the disconnect lands
+    with make_client(runtime_extra=(("step_delay", 0.005),)) as c:
         engine = c.app.state.engine
         body = {"model": MODEL, "prompt": "long", "max_tokens": 400, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/completions", json=body) as r:

@@ -135,6 +135,17 @@ class Scheduler:
                 leases[id(req)] = Seed(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
             return leases[id(req)]
 
+        used: set[int] = set()  # lease handles the accepted tick's admits consumed
+        try:
+            return self._plan_and_run(limits, lease, used, on_token)
+        finally:
+            # A lease pins its cache entry: one a request leased but was not admitted
+            # with goes back now, not at its TTL (the pool must stay evictable).
+            for seed in leases.values():
+                if seed is not None and seed.handle not in used:
+                    self.ex.release_seed(seed.handle)
+
+    def _plan_and_run(self, limits: Limits, lease, used: set[int], on_token) -> list[RequestUpdate]:
         for _ in range(self.config.max_replans):
             self.rings.begin_prompts()
             tick = self.planner.build(self._view(), limits, lease, self.rings.write_prompt)
@@ -155,6 +166,7 @@ class Scheduler:
                 callback = self._partial_callback(tick, on_token, streamed)
             out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
             if out.status == abi.Status.OK:
+                used.update(a.seed.handle for a in tick.admissions if a.seed is not None)
                 return self._take_failed() + self.update(tick, out.events, streamed)
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
