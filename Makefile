@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast serve bench clean
+.PHONY: setup test test-fast fuzz serve bench clean
 
 setup: $(STAMP)
 
@@ -21,6 +21,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+
+# A long randomised schemathesis run over the API (the suite runs a short deterministic one).
+fuzz: setup
+	SUPERFLUID_FUZZ_RANDOM=1 SUPERFLUID_FUZZ_EXAMPLES=$${EXAMPLES:-3000} SUPERFLUID_FUZZ_TIMEOUT=3600 \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_fuzz_api.py
 
 serve: setup
 	$(BIN)/superfluid serve --host 127.0.0.1 --port 8000

@@ -63,3 +63,11 @@ def test_unknown_role_is_400_naming_the_field(client):
 ])
 def test_request_size_caps(client, kw, param):
     assert_error(client.post("/v1/chat/completions", json=chat_body(**kw)), 400, param)
+
+
+def test_a_grammar_the_vocabulary_cannot_follow_is_400_not_500(client):
+    """Found by the API fuzzer: a regex no token of the toy vocabulary can start (\\u008b)
+    ended the lane with GRAMMAR_OVERFLOW, answered 500."""
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "0L", "guided_regex": "\u008b", "max_tokens": 4})
+    assert_error(r, 400, "response_format", "grammar")
+    assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200

@@ -30,6 +30,10 @@ from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, S
 from .request import FinishReason, Request, Status
 
 
+# A request whose grammar admits no token of the vocabulary at some point ends with this
+# error: the client's doing (HTTP 400), not a server fault.
+GRAMMAR_DEAD_END = "the response format's grammar admits no token of this model's vocabulary here (GRAMMAR_OVERFLOW)"
+
 class SchedulerError(RuntimeError):
     """The executor rejected a plan: a bug on this side, not a request's fault."""
 
@@ -277,7 +281,10 @@ class Scheduler:
                 self._requeue(req)
             else:
                 name = abi.FaultCode(f.code).name if f.code in abi.FaultCode._value2member_map_ else str(f.code)
-                self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
+                if f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
+                    self.finish(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
+                else:
+                    self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
                 upd(req).finished = True
 
         logprobs: dict[int, list[abi.LaneLogprob]] = {}

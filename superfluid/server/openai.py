@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
+from ..engine.scheduler import GRAMMAR_DEAD_END
 from . import render
 from .errors import APIError, install_error_handlers
 from .limits import BodyLimit, Limits, prompt_char_cap
@@ -144,6 +145,8 @@ def create_app(
                 raise APIError(499, "the client disconnected", None, "client_disconnected")
         task.result()
         for c in choices:
+            if c.finish_reason == "error" and c.error == GRAMMAR_DEAD_END:
+                raise APIError(400, c.error, "response_format", "grammar_dead_end")
             if c.finish_reason == "error":
                 raise APIError(500, c.error or "the request failed", None, "internal_error")
         return choices, usage
