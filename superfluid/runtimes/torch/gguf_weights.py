@@ -145,9 +145,12 @@ def _tensor(t, path: Path) -> np.ndarray:
             arr = np.asarray(t.data, dtype=np.float32)
         else:
             arr = dequantize(t.data, qtype)
-        return arr.reshape(shape)
+        arr = arr.reshape(shape)
     except Exception as e:
         raise ModelLoadError(f"{path}: tensor {t.name!r} is unreadable ({type(e).__name__}: {e})") from e
+    if not np.isfinite(arr).all():  # a NaN weight poisons every row it touches
+        raise ModelLoadError(f"{path}: tensor {t.name!r} holds NaN or infinite values")
+    return arr
 
 
 def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = None

@@ -123,6 +123,8 @@ def load_hf(path: Path, progress: bool = False) -> tuple[ModelConfig, dict[str, 
                             key = f"layers.{idx}.{_LAYER_NAMES[suffix]}"
                     if key is not None:
                         out[key] = f.get_tensor(name).float().contiguous()
+                        if not torch.isfinite(out[key]).all():  # a NaN weight poisons every row
+                            raise ModelLoadError(f"{file}: tensor {name!r} holds NaN or infinite values")
         except ModelLoadError:
             raise
         except Exception as e:  # truncated or corrupt safetensors
