@@ -99,7 +99,7 @@ def serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
     app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout,
-                     limits=limits)
+                     limits=limits, request_timeout=args.request_timeout)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -216,6 +216,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-body-mb", type=float, default=8.0, help="request bodies larger than this get 413")
     s.add_argument("--max-prompt-chars", type=int, default=0,
                    help="prompt text longer than this is refused before tokenising (default: 32 per context token)")
+    s.add_argument("--request-timeout", type=float, default=0.0,
+                   help="a request still running after this many seconds ends with an error (0: no deadline; "
+                        "a request may ask for less with its `timeout` field)")
     s.add_argument("--max-request-tokens", type=int, default=1 << 17, help="the most n x max_tokens a request may ask for")
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--log-level", default="info")

@@ -71,3 +71,23 @@ def test_a_grammar_the_vocabulary_cannot_follow_is_400_not_500(client):
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": "0L", "guided_regex": "\u008b", "max_tokens": 4})
     assert_error(r, 400, "response_format", "grammar")
     assert client.post("/v1/chat/completions", json=chat_body()).status_code == 200
+
+
+def test_a_request_past_its_deadline_ends_with_an_error_and_frees_its_lane():
+    from test_server import make_client, sse_events
+
+    with make_client(runtime_extra=(("step_delay", 0.01),)) as c:  # 300 tokens take >= 3 s
+        body = {"model": MODEL, "prompt": "slow", "max_tokens": 300, "ignore_eos": True, "timeout": 0.5}
+        t = time.perf_counter()
+        err = assert_error(c.post("/v1/completions", json=body), 503, "timeout", "deadline")
+        assert err["code"] == "deadline_exceeded" and time.perf_counter() - t < 2.5
+        with c.stream("POST", "/v1/completions", json=dict(body, stream=True)) as r:
+            events = sse_events(r)
+        assert events[-1] == "[DONE]" and "deadline" in events[-2]["error"]["message"]
+        sched = c.app.state.engine.engine.scheduler
+        deadline = time.time() + 5
+        while time.time() < deadline and sched.has_work():
+            time.sleep(0.05)
+        assert not sched.has_work()  # the lanes were retired, not left generating
+        assert c.post("/v1/chat/completions", json=chat_body()).status_code == 200
+        assert_error(c.post("/v1/completions", json=dict(body, timeout=-1)), 400, "timeout")

@@ -25,6 +25,7 @@ from ..engine.params import ParamError, SamplingParams
 from ..engine.scheduler import GRAMMAR_DEAD_END
 from . import render
 from .errors import APIError, install_error_handlers
+from .deadline import DEADLINE_CODE, deadline_s, message, with_deadline
 from .limits import BodyLimit, Limits, prompt_char_cap
 from .metrics import Metrics
 from .protocol import ChatCompletionRequest, CompletionRequest, chat_params, completion_params, completion_prompts
@@ -34,7 +35,7 @@ DISCONNECT_POLL_S = 0.25
 
 def create_app(
     engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(), request_timeout: float = 0.0,
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -123,12 +124,13 @@ def create_app(
             for s in streams:
                 s.abort()
 
-    async def collect(request: Request, streams: list[RequestStream], n: int) -> tuple[list[render.Choice], render.Usage]:
+    async def collect(request: Request, streams: list[RequestStream], n: int,
+                      seconds: float | None = None) -> tuple[list[render.Choice], render.Usage]:
         choices = [render.Choice(i) for i in range(len(streams) * n)]
         usage = render.Usage()
 
         async def run() -> None:
-            async for idx, d in merged(streams, n):
+            async for idx, d in with_deadline(merged, seconds)(streams, n):
                 choices[idx].add(d)
                 if d.finish_reason is not None:
                     usage.add_final(d)
@@ -145,6 +147,8 @@ def create_app(
                 raise APIError(499, "the client disconnected", None, "client_disconnected")
         task.result()
         for c in choices:
+            if c.finish_reason == "error" and seconds is not None and c.error == message(seconds):
+                raise APIError(503, c.error, "timeout", DEADLINE_CODE)
             if c.finish_reason == "error" and c.error == GRAMMAR_DEAD_END:
                 raise APIError(400, c.error, "response_format", "grammar_dead_end")
             if c.finish_reason == "error":
@@ -206,8 +210,9 @@ def create_app(
         k = params.logprobs or 0
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, merged))
-        choices, usage = await collect(request, streams, params.n)
+            bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
+            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded))
+        choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
         return {
             "id": rid,
             "object": "text_completion",
@@ -248,8 +253,9 @@ def create_app(
         k = params.logprobs or 0
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_stream_chat(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, merged))
-        choices, usage = await collect(request, streams, params.n)
+            bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
+            return _sse(_stream_chat(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded))
+        choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
         return {
             "id": rid,
             "object": "chat.completion",

@@ -65,6 +65,7 @@ class _Sampling(_Lenient):
     guided_regex: str | None = None
     guided_json: dict[str, Any] | str | None = None
     priority: int = 0
+    timeout: float | None = Field(default=None, gt=0)  # extension: a wall-clock deadline, seconds
 
 
 class CompletionRequest(_Sampling):
