@@ -91,3 +91,13 @@ def test_a_request_past_its_deadline_ends_with_an_error_and_frees_its_lane():
         assert not sched.has_work()  # the lanes were retired, not left generating
         assert c.post("/v1/chat/completions", json=chat_body()).status_code == 200
         assert_error(c.post("/v1/completions", json=dict(body, timeout=-1)), 400, "timeout")
+
+
+def test_logprobs_of_impossible_tokens_are_floored_not_minus_infinity(client):
+    """Found by the chaos load test: under a grammar mask a top_logprobs entry can be -inf,
+    which JSON cannot carry (the answer failed). OpenAI floors logprobs at -9999."""
+    r = client.post("/v1/chat/completions", json=chat_body(response_format={"type": "json_object"}, logprobs=True,
+                                                            top_logprobs=20, max_tokens=6))
+    assert r.status_code == 200, r.text
+    values = [t["logprob"] for c in r.json()["choices"][0]["logprobs"]["content"] for t in c["top_logprobs"]]
+    assert values and min(values) >= -9999.0

@@ -69,9 +69,18 @@ def _piece(tokenizer, token: int) -> tuple[str, list[int]]:
     return raw.decode("utf-8", errors="replace"), list(raw)
 
 
+# OpenAI's floor for a logprob: JSON has no -inf, and a token that logit_bias (or a grammar)
+# made impossible has logprob -inf.
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(v: float | None) -> float | None:
+    return None if v is None else (v if v >= LOGPROB_FLOOR else LOGPROB_FLOOR)  # NaN, -inf -> the floor
+
+
 def _top(entry: TokenLogprobs, k: int) -> list[tuple[int, float]]:
     ranked = sorted(((lp.rank, t, lp.logprob) for t, lp in entry.items() if lp.rank is not None))
-    return [(t, v) for _, t, v in ranked[:k]]
+    return [(t, _finite(v)) for _, t, v in ranked[:k]]
 
 
 def chat_logprobs(tokenizer, token_ids: list[int], entries: list[TokenLogprobs], k: int) -> dict:
@@ -83,7 +92,8 @@ def chat_logprobs(tokenizer, token_ids: list[int], entries: list[TokenLogprobs],
         for t, v in _top(entry, k):
             tt, tb = _piece(tokenizer, t)
             top.append({"token": tt, "logprob": v, "bytes": tb})
-        content.append({"token": text, "logprob": chosen.logprob if chosen else None, "bytes": raw, "top_logprobs": top})
+        content.append({"token": text, "logprob": _finite(chosen.logprob) if chosen else None, "bytes": raw,
+                        "top_logprobs": top})
     return {"content": content}
 
 
@@ -94,7 +104,7 @@ def completion_logprobs(tokenizer, token_ids: list[int], entries: list[TokenLogp
         text, _ = _piece(tokenizer, token)
         chosen = entry.get(token)
         tokens.append(text)
-        token_lps.append(chosen.logprob if chosen else None)
+        token_lps.append(_finite(chosen.logprob) if chosen else None)
         tops.append({_piece(tokenizer, t)[0]: v for t, v in _top(entry, k)} if k else None)
         offsets.append(at)
         at += len(text)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..executor import Executor, ExecutorConfig, SpecConfig
 from ..executor.grammar_errors import GrammarError
-from ..runtimes.base import Fatal, Fault, PrimError, RuntimePrimitives
+from ..runtimes.base import Capacity, Fatal, Fault, PrimError, RuntimePrimitives
 from ..runtimes.registry import build_runtime
 from . import wire
 from .shm_rings import Pulse, SharedRings
@@ -45,7 +45,7 @@ def _count_progress(rt: RuntimePrimitives, pulse) -> None:
 
 
 def fail_runtime(rt: RuntimePrimitives, primitive: str, mode: str, times: int = 1, after: int = 0) -> None:
-    """Test hook: make a primitive fail ("fatal", "fault", "hang", "kill") after
+    """Test hook: make a primitive fail ("fatal", "fault", "oom", "hang", "kill") after
     ``after`` good calls, ``times`` times."""
     orig = getattr(rt, primitive)
     left = {"after": after, "times": times}
@@ -60,6 +60,8 @@ def fail_runtime(rt: RuntimePrimitives, primitive: str, mode: str, times: int = 
                 raise Fatal("injected fatal error")
             if mode == "fault":
                 raise Fault(100, "injected fault")
+            if mode == "oom":  # no room: the lane's OOM_TENTATIVE fault, the scheduler retries
+                raise Capacity("injected: no room")
             if mode == "hang":
                 while True:
                     time.sleep(3600)
