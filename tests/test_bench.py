@@ -195,6 +195,19 @@ def test_nocache_variant_differs_at_the_start():
     assert all(s.endswith(shared_system_prompt(0)) for s in systems)  # same length, same handbook
 
 
+def test_multi_turn_resends_the_whole_history():
+    reqs = make_dataset("multi-turn", 10, seed=0, output_len=32)
+    assert {r.kind for r in reqs} == {"multi-turn"}
+    for prev, cur in zip(reqs, reqs[1:]):
+        if cur.meta["session"] == prev.meta["session"]:
+            assert cur.meta["turn"] == prev.meta["turn"] + 1
+            assert cur.messages[:len(prev.messages)] == prev.messages  # the history, resent unchanged
+            assert [m["role"] for m in cur.messages[len(prev.messages):]] == ["assistant", "user"]
+        else:
+            assert cur.meta["turn"] == 0 and len(cur.messages) == 1
+    assert max(r.meta["turn"] for r in reqs) == 3
+
+
 def test_grounded_sources_are_in_the_prompt():
     reqs = make_dataset("grounded", 10, seed=0, output_len=64)
     assert {r.kind for r in reqs} == {"grounded-text", "grounded-code"}

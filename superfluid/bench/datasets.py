@@ -12,6 +12,10 @@ always gives the same requests, so two servers measured side by side see the sam
                            the prompt, which is what prompt-lookup speculation pays for
     json                   extract fields from a text into JSON, via response_format
                            (json_schema); outputs end when the object does (no ignore_eos)
+    long                   a ~2,000-token document of its own per request, then a question
+                           (prefill-bound; no shared prefix)
+    multi-turn             chat sessions of several turns; each turn resends the whole history
+                           (earlier answers are stand-in prose), so turn k shares turns < k
 
 Token counts are estimates (English prose from a common-word vocabulary runs ~1.3
 tokens a word in GPT-2-style BPE); the serving results report the real counts from usage.
@@ -267,7 +271,27 @@ def _long(rng: random.Random, n: int, output_len: int) -> list[BenchRequest]:
     return out
 
 
-DATASETS = ("chat", "shared-prefix", "shared-prefix-nocache", "grounded", "json", "long")
+def _multi_turn(rng: random.Random, n: int, output_len: int, turns: int = 4) -> list[BenchRequest]:
+    """Sessions of ``turns`` requests; request k of a session is its first k user turns with the
+    assistant turns between them, so each request's prompt extends the previous one's."""
+    out: list[BenchRequest] = []
+    session = 0
+    while len(out) < n:
+        history: list[dict] = []
+        for turn in range(turns):
+            if len(out) == n:
+                break
+            ask = rng.choice(_CHAT_ASKS).format(t=rng.choice(_TOPICS))
+            history.append({"role": "user", "content": ask})
+            out.append(BenchRequest(messages=tuple(dict(m) for m in history), max_tokens=output_len,
+                                    kind="multi-turn", meta={"session": session, "turn": turn}))
+            # a stand-in answer of about output_len tokens: the next turn resends it
+            history.append({"role": "assistant", "content": prose(rng, output_len)})
+        session += 1
+    return out
+
+
+DATASETS = ("chat", "shared-prefix", "shared-prefix-nocache", "grounded", "json", "long", "multi-turn")
 
 
 def make_dataset(name: str, n: int, seed: int = 0, output_len: int = 128) -> list[BenchRequest]:
@@ -285,6 +309,8 @@ def make_dataset(name: str, n: int, seed: int = 0, output_len: int = 128) -> lis
         return _json(rng, n, output_len)
     if name == "long":
         return _long(rng, n, output_len)
+    if name == "multi-turn":
+        return _multi_turn(rng, n, output_len)
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
 
 
