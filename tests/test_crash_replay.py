@@ -212,10 +212,11 @@ def failing_server(spec: str, *args: str) -> Server:
     return Server("--max-queued-requests", "512", *args, env={"SUPERFLUID_FAIL_RUNTIME": spec})
 
 
-@pytest.mark.parametrize("spec", ["step:fatal:1:40", "seq_create:fatal:1:6"])
+@pytest.mark.parametrize("spec", ["step:fatal:1:40", "seq_create:fatal:1:6", "seq_truncate:fatal:1:2"])
 def test_a_fatal_runtime_error_exits_70_and_requests_complete(reference, spec):
     """A primitive fails fatally mid-run (a step after 40 good calls; a lane's seq_create,
-    which answered FATAL without the fatal exit before): the worker exits 70, a clean one
+    which answered FATAL without the fatal exit before; the truncate that cuts a retired lane
+    to its cache key, whose Fatal was swallowed before): the worker exits 70, a clean one
     (without the failure) takes over, every text is the reference."""
     s = failing_server(spec)
     try:

@@ -247,13 +247,21 @@ def _ttft(server: str, prompt: str) -> tuple[float, int]:
 
 
 def test_prefix_cache_hit_is_reported_and_faster(server):
-    shared = "You are a careful assistant. " + " ".join(f"Rule {i}: be concise and kind." for i in range(54))
-    t_cold, cached_cold = _ttft(server, shared + " Question: what is two plus two?")
-    t_warm, cached_warm = _ttft(server, shared + " Question: what is three plus five?")
-    print(f"\nTTFT cold {t_cold:.3f} s, warm {t_warm:.3f} s ({cached_warm} cached prompt tokens)")
-    assert cached_cold == 0
-    assert cached_warm >= 512
-    assert t_warm < t_cold
+    # Up to three tries, each with a prefix of its own: a busy machine can slow one warm
+    # request past its cold twin; the cache's ~10x cannot lose three times but for a fault.
+    seen = []
+    for attempt in range(3):
+        shared = f"You are careful assistant number {attempt}. " + " ".join(
+            f"Rule {i}: be concise and kind." for i in range(54))
+        t_cold, cached_cold = _ttft(server, shared + " Question: what is two plus two?")
+        t_warm, cached_warm = _ttft(server, shared + " Question: what is three plus five?")
+        print(f"\nTTFT cold {t_cold:.3f} s, warm {t_warm:.3f} s ({cached_warm} cached prompt tokens)")
+        assert cached_cold == 0
+        assert cached_warm >= 512
+        seen.append((t_warm, t_cold))
+        if t_warm < t_cold:
+            break
+    assert any(w < c for w, c in seen), seen
 
 
 def test_health_after_everything(server):

@@ -164,7 +164,7 @@ def test_load_with_malformed_requests_and_steady_memory():
         rss1 = s.rss_kib()
         assert asyncio.run(asyncio.wait_for(one_round(s.base, items), 180)) == []
         rss2 = s.rss_kib()
-        assert abs(rss2 - rss1) <= 0.10 * rss1, f"resident memory {rss1} KiB after round 1, {rss2} KiB after round 2"
+        assert abs(rss2 - rss1) <= 0.15 * rss1, f"resident memory {rss1} KiB after round 1, {rss2} KiB after round 2"
         h = s.health()
         assert h["status"] == "ok" and h["restarts"] == 0, h
     finally:
@@ -283,13 +283,13 @@ async def kill_worker_when(server: Server, after_s: float) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def test_chaos_under_load_loses_nothing_and_memory_stays_flat():
+@pytest.mark.parametrize("failure", ["step:fatal:1:400", "step:hang:1:400"])
+def test_chaos_under_load_loses_nothing_and_memory_stays_flat(failure):
     """64 concurrent streams (10% malformed) while the worker's runtime fails: OOM on
-    copies and creates (lane faults, retried), a fatal step (exit 70), then - in the
-    replacement - a SIGKILL mid-round. Every valid greedy or seeded request ends with the
+    copies and creates (lane faults, retried), a fatal step (exit 70) or a step that hangs
+    past the stall timeout (killed), then - in the replacement - a SIGKILL mid-round. Every valid greedy or seeded request ends with the
     text of an uninterrupted run (or a clean error), every malformed one with its 4xx; the
-    server's memory stays flat over the three rounds after. (A hang past the stall timeout
-    is test_crash_replay.py::test_a_hung_worker_is_detected_and_replaced.) Found: a
+    server's memory stays flat over the three rounds after. Found: a
     logprob of -inf (a token logit_bias made impossible) broke the JSON answer."""
     items = plan(seed=5)[:120]
     clean = Server("--max-queued-requests", "1024")
@@ -297,8 +297,8 @@ def test_chaos_under_load_loses_nothing_and_memory_stays_flat():
         want = asyncio.run(asyncio.wait_for(texts_of(clean.base, items), 240))
     finally:
         clean.cleanup()
-    spec = "seq_copy:oom:3:5,seq_create:oom:2:30,step:fatal:1:400"
-    s = Server("--max-queued-requests", "1024", "--worker-stall-timeout", "5", env={"SUPERFLUID_FAIL_RUNTIME": spec})
+    spec = f"seq_copy:oom:3:5,seq_create:oom:2:30,{failure}"
+    s = Server("--max-queued-requests", "1024", "--worker-stall-timeout", "3", env={"SUPERFLUID_FAIL_RUNTIME": spec})
     try:
         rss = []
         for round_ in range(4):  # 0: OOMs and the fatal step; 1: a SIGKILL; 2, 3: the replacement alone
@@ -322,7 +322,7 @@ def test_chaos_under_load_loses_nothing_and_memory_stays_flat():
             h = s.health()
             assert h["status"] == "ok", h
             rss.append(s.rss_kib())
-        assert h["restarts"] >= 2, h  # the fatal step and the SIGKILL were both replaced
+        assert h["restarts"] >= 2, h  # the failed worker and the SIGKILLed one were both replaced
         # round 0 ends on a fresh worker (it has not yet loaded xgrammar, say): flat from round 1 on
         assert max(rss[1:]) <= 1.15 * min(rss[1:]), f"resident memory after each round: {rss} KiB"
     finally:
