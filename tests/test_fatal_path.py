@@ -130,29 +130,21 @@ def test_adopted_sequence_truncate_failure_takes_the_fatal_path():
     assert ex.fatal_calls == ["an adopted sequence's truncate"]
 
 
-def test_failed_import_whose_fresh_prefill_fails_takes_the_fatal_path():
+@pytest.mark.parametrize("failures, site", [
+    ({"seq_import": Fault(FaultCode.INTERNAL), "step": Fatal("device lost")}, "prefilling a failed import afresh"),
+    ({"seq_import": Fatal("device lost")}, "an import of an exported entry"),  # not prefilled over
+])
+def test_import_failures_take_the_fatal_path(failures, site):
     rt = ToyRuntime()
     ex, d, _ = cached(rt)
     ex.export_entries()
     lease = d.lease(prompt_of(40))
     d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
-    rt.fail_on("seq_import", Fault(FaultCode.INTERNAL))
-    rt.fail_on("step", Fatal("device lost"))
+    for primitive, error in failures.items():
+        rt.fail_on(primitive, error)
     d.seq -= 1
     fatal_tick(ex, d)
-    assert ex.fatal_calls == ["prefilling a failed import afresh"]
-
-
-def test_a_fatal_import_is_not_prefilled_over():
-    rt = ToyRuntime()
-    ex, d, _ = cached(rt)
-    ex.export_entries()
-    lease = d.lease(prompt_of(40))
-    d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
-    rt.fail_on("seq_import", Fatal("device lost"))
-    d.seq -= 1
-    fatal_tick(ex, d)
-    assert ex.fatal_calls == ["an import of an exported entry"]
+    assert ex.fatal_calls == [site]
 
 
 def test_publishing_a_retired_lane_does_not_swallow_fatal():
