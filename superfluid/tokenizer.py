@@ -92,10 +92,23 @@ class Tokenizer:
                 reader = GGUFReader(path)
             except Exception as e:
                 raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from e
+        try:
+            return cls._build_from_gguf(path, reader)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # corrupt metadata the builders trip over: still the file's fault
+            raise ModelLoadError(f"{path}: unreadable tokenizer metadata ({type(e).__name__}: {e})") from e
 
+    @classmethod
+    def _build_from_gguf(cls, path: Path, reader) -> "Tokenizer":
         def get(key, default=None):
             f = reader.fields.get(f"tokenizer.{key}")
-            return default if f is None else f.contents()
+            if f is None:
+                return default
+            try:
+                return f.contents()
+            except Exception as e:  # a corrupt string (bad UTF-8), a short array
+                raise ModelLoadError(f"{path}: unreadable metadata field 'tokenizer.{key}' ({e})") from e
 
         kind, tokens = get("ggml.model"), get("ggml.tokens")
         if tokens is None:

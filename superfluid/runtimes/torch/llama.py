@@ -67,7 +67,7 @@ def linear_fixed(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torc
 class Llama:
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device, deterministic: bool = False, native_bf16: bool = True,
-                 quant: str | None = None):
+                 quant: str | None = None, positions: int | None = None):
         # bf16 asked of a CPU without native bf16: compute in fp32, bf16 copies for GEMV.
         gemv16 = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16 and not deterministic
         if dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16:
@@ -100,7 +100,9 @@ class Llama:
             ))
         inv, scale = cfg.rope(tensors.get("rope_freqs"))  # scale: YaRN's attention factor (else 1)
         # RoPE tables [max_position, d] in float32, as transformers computes them (one product each).
-        pos = torch.arange(cfg.max_position, dtype=torch.float32)
+        # Tables only as long as the runtime serves (positions): a file's context_length may
+        # be huge (or corrupt), and a table of it would be allocated for nothing.
+        pos = torch.arange(min(cfg.max_position, positions or cfg.max_position), dtype=torch.float32)
         freqs = pos[:, None] * inv[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos, self.sin = (emb.cos() * scale).to(device, dtype), (emb.sin() * scale).to(device, dtype)

@@ -79,7 +79,7 @@ class TorchRuntime:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")
         self.cfg = cfg
         self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic, native_bf16=cpu_has_native_bf16(),
-                           quant=quant)
+                           quant=quant, positions=min(max_seq_len, cfg.max_position))
         del tensors
         self.deterministic = deterministic
         act = self.model.dtype  # activations and KV (fp32 when bf16 is only used for GEMV)
