@@ -32,11 +32,11 @@
  * Both are exact here (every pair sum fits int16: |w|, |x| <= 127, q4 w <= 15), so the two
  * builds give bit-identical products. */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(SF_NO_VNNI)
-#define SF_DOT_U8S8(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (u), (s))
+#define SF_DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #elif defined(__AVXVNNI__) && !defined(SF_NO_VNNI)
-#define SF_DOT_U8S8(u, s) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), (u), (s))
+#define SF_DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
 #else
-#define SF_DOT_U8S8(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1))
+#define SF_DPBUSD(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
 #endif
 #else
 #define SF_AVX2 0
@@ -199,7 +199,27 @@ static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs
     }
 }
 
-/* --------------------------------------------------------------- block dot products */
+/* ------------------------------------------------------------- interleaved tiles
+ *
+ * Weights are stored interleaved (QMat packs them): rows in groups of R = 8 (N padded with
+ * zero rows to a multiple of 8); per group g and block b (32 values along k):
+ *   q8_0: 256 bytes, 8 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t]
+ *   q4_1: 128 bytes, 4 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t]
+ *         | q[8g + i][32b + 16 + 4j + t] << 4
+ *   d (and q4_1's mn): [G][nb][8] floats, lane i for row 8g + i.
+ * A 256-bit chunk holds 4 consecutive k of each of 8 rows, so one 4-way u8 x s8 dot against
+ * those 4 x values broadcast gives 8 rows' partial sums at once; a block's integer sum per
+ * row is exact, and a block costs one int->float conversion and one FMA per 8 rows (the
+ * row-major layout paid them per row). Accumulators hold output rows, not k lanes: no
+ * horizontal sums, and a tile of up to MT x rows reuses every loaded (unpacked) weight.
+ *
+ * Arithmetic per output (row n, x row m), whatever the tile or the thread split: for each
+ * block in order, acc = fma((float)isum, d[n,b] * xd[m,b], acc); q4_1 also
+ * macc = fma(mn[n,b], xs[m,b], macc) and y = acc + macc. The plain C path does exactly
+ * that, so every build and every batch gives bit-identical rows. */
+
+#define R 8
+#define MT 4 /* x rows per tile */
 
 #if SF_AVX2
 static inline float hsum8(__m256 v) {
@@ -208,98 +228,87 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-#endif
 
-/* One weight row (nb blocks) against one quantized x row. */
-static float dot_q8_0(const int8_t *wq, const float *wd, const int8_t *xq, const float *xd, int nb) {
-#if SF_AVX2
-    __m256 acc = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + b * QK));
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
-        /* u8 x s8 wants unsigned x signed: |w| times x carrying w's sign (exact, no saturation
-         * since |w|, |x| <= 127). */
-        __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)));
-        acc = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[b] * xd[b]), acc);
-    }
-    return hsum8(acc);
-#else
-    float acc = 0.f;
-    for (int b = 0; b < nb; b++) {
-        int32_t s = 0;
-        for (int j = 0; j < QK; j++) s += (int32_t)wq[b * QK + j] * xq[b * QK + j];
-        acc += (float)s * (wd[b] * xd[b]);
-    }
-    return acc;
-#endif
+static inline __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
 
-/* q4_1 row: qs [nb * 16] (byte j holds weight j in its low nibble and weight j + 16 in its high
- * nibble, as GGUF), d and mn [nb]: w = d q + mn. */
-static float dot_q4_1(const uint8_t *qs, const float *wd, const float *wm, const int8_t *xq, const float *xd,
-                      const float *xs, int nb) {
-    float macc = 0.f;
-    for (int b = 0; b < nb; b++) macc += wm[b] * xs[b];
-#if SF_AVX2
+static inline __attribute__((always_inline)) void tile_q8_0(const int8_t *wq, const float *wd, int nb,
+                                                             const int8_t *xq, const float *xd, size_t K, int mt,
+                                                             float *out) {
+    __m256 acc[MT];
+    for (int m = 0; m < mt; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i s[MT];
+        for (int m = 0; m < mt; m++) s[m] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 256 + 32 * j));
+            __m256i aw = _mm256_sign_epi8(w, w); /* |w| as u8; x carries w's sign (exact) */
+            for (int m = 0; m < mt; m++)
+                s[m] = SF_DPBUSD(s[m], aw, _mm256_sign_epi8(bcast4(xq + m * K + (size_t)b * QK + 4 * j), w));
+        }
+        __m256 d = _mm256_loadu_ps(wd + (size_t)b * R);
+        for (int m = 0; m < mt; m++)
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m]), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
+    }
+    for (int m = 0; m < mt; m++) _mm256_storeu_ps(out + m * R, acc[m]);
+}
+
+static inline __attribute__((always_inline)) void tile_q4_1(const uint8_t *wq, const float *wd, const float *wm,
+                                                             int nb, const int8_t *xq, const float *xd,
+                                                             const float *xs, size_t K, int mt, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[MT], macc[MT];
+    for (int m = 0; m < mt; m++) acc[m] = macc[m] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)(qs + b * 16));
-        __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
-        __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(w, x));
-        acc = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[b] * xd[b]), acc);
-    }
-    return hsum8(acc) + macc;
-#else
-    float acc = 0.f;
-    for (int b = 0; b < nb; b++) {
-        int32_t s = 0;
-        for (int j = 0; j < 16; j++) {
-            s += (int32_t)(qs[b * 16 + j] & 15) * xq[b * QK + j];
-            s += (int32_t)(qs[b * 16 + j] >> 4) * xq[b * QK + j + 16];
+        __m256i s[MT];
+        for (int m = 0; m < mt; m++) s[m] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 128 + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            for (int m = 0; m < mt; m++) {
+                const int8_t *x = xq + m * K + (size_t)b * QK + 4 * j;
+                s[m] = SF_DPBUSD(s[m], lo, bcast4(x));
+                s[m] = SF_DPBUSD(s[m], hi, bcast4(x + 16));
+            }
         }
-        acc += (float)s * (wd[b] * xd[b]);
-    }
-    return acc + macc;
-#endif
-}
-
-#if SF_AVX2
-/* Four weight rows at once against one x row: four independent accumulator chains (one
- * row alone is bound by the FMA latency) and each x block loaded once. */
-static void dot4_q8_0(const int8_t *wq, const float *wd, size_t ldq, size_t ldd, const int8_t *xq, const float *xd,
-                      int nb, float *out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b = 0; b < nb; b++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
-        for (int r = 0; r < 4; r++) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + r * ldq + b * QK));
-            __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)));
-            acc[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[r * ldd + b] * xd[b]), acc[r]);
+        __m256 d = _mm256_loadu_ps(wd + (size_t)b * R), mn = _mm256_loadu_ps(wm + (size_t)b * R);
+        for (int m = 0; m < mt; m++) {
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m]), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
+            macc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * nb + b]), macc[m]);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
-}
-
-static void dot4_q4_1(const uint8_t *qs, const float *wd, const float *wm, size_t ldq, size_t ldd, const int8_t *xq,
-                      const float *xd, const float *xs, int nb, float *out) {
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float macc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int b = 0; b < nb; b++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * QK));
-        for (int r = 0; r < 4; r++) {
-            __m128i raw = _mm_loadu_si128((const __m128i *)(qs + r * ldq + b * 16));
-            __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low);
-            __m256 s = _mm256_cvtepi32_ps(SF_DOT_U8S8(w, x));
-            acc[r] = _mm256_fmadd_ps(s, _mm256_set1_ps(wd[r * ldd + b] * xd[b]), acc[r]);
-            macc[r] += wm[r * ldd + b] * xs[b];
-        }
-    }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]) + macc[r];
+    for (int m = 0; m < mt; m++) _mm256_storeu_ps(out + m * R, _mm256_add_ps(acc[m], macc[m]));
 }
 #endif
+
+/* The plain C tile: the same arithmetic, lane by lane (see above). */
+static void tile_plain(int kind, const void *wqv, const float *wd, const float *wm, int nb, const int8_t *xq,
+                       const float *xd, const float *xs, size_t K, int mt, float *out) {
+    for (int m = 0; m < mt; m++)
+        for (int i = 0; i < R; i++) {
+            float acc = 0.f, macc = 0.f;
+            for (int b = 0; b < nb; b++) {
+                const int8_t *x = xq + m * K + (size_t)b * QK;
+                int32_t s = 0;
+                if (kind == 0) {
+                    const int8_t *w = (const int8_t *)wqv + (size_t)b * 256 + 4 * i;
+                    for (int k = 0; k < QK; k++) s += (int32_t)w[32 * (k / 4) + k % 4] * x[k];
+                } else {
+                    const uint8_t *w = (const uint8_t *)wqv + (size_t)b * 128 + 4 * i;
+                    for (int k = 0; k < 16; k++) {
+                        uint8_t byte = w[32 * (k / 4) + k % 4];
+                        s += (int32_t)(byte & 15) * x[k] + (int32_t)(byte >> 4) * x[k + 16];
+                    }
+                    macc = fmaf(wm[(size_t)b * R + i], xs[m * nb + b], macc);
+                }
+                acc = fmaf((float)s, wd[(size_t)b * R + i] * xd[m * nb + b], acc);
+            }
+            out[m * R + i] = kind == 0 ? acc : acc + macc;
+        }
+}
 
 /* ------------------------------------------------------------------------ GEMV */
 
@@ -313,43 +322,47 @@ typedef struct {
     int M, N, K, accumulate;
 } gemv_task;
 
-static inline void put(const gemv_task *t, int m, int n, float v) {
-    float *o = t->y + (size_t)m * t->N + n;
-    *o = t->accumulate ? *o + v : v;
+static void tile(const gemv_task *t, int g, int m0, int mt, float *out) {
+    int nb = t->K / QK;
+    size_t gq = (size_t)nb * (t->kind == 0 ? 256 : 128), gd = (size_t)nb * R;
+    const int8_t *xq = t->xq + (size_t)m0 * t->K;
+    const float *xd = t->xd + (size_t)m0 * nb, *xs = t->xs + (size_t)m0 * nb;
+    const uint8_t *wq = (const uint8_t *)t->wq + g * gq;
+    const float *wd = t->wd + g * gd, *wm = t->wm ? t->wm + g * gd : NULL;
+#if SF_AVX2
+    /* constant mt per call: the compiler keeps the accumulators in registers */
+#define SF_TILE(n)                                                                                  \
+    case n:                                                                                         \
+        if (t->kind == 0)                                                                           \
+            tile_q8_0((const int8_t *)wq, wd, nb, xq, xd, (size_t)t->K, n, out);                     \
+        else                                                                                        \
+            tile_q4_1(wq, wd, wm, nb, xq, xd, xs, (size_t)t->K, n, out);                             \
+        return;
+    switch (mt) {
+        SF_TILE(1)
+        SF_TILE(2)
+        SF_TILE(3)
+        SF_TILE(4)
+    }
+#undef SF_TILE
+#endif
+    tile_plain(t->kind, wq, wd, wm, nb, xq, xd, xs, (size_t)t->K, mt, out);
 }
 
 static void gemv_part(void *p, int part, int parts) {
     const gemv_task *t = p;
-    int nb = t->K / QK, lo, hi;
-    size_t ldq = t->kind == 0 ? (size_t)t->K : (size_t)t->K / 2, ldd = (size_t)nb;
-    split(t->N, part, parts, 16, &lo, &hi);
-    int n = lo;
-#if SF_AVX2
-    for (; n + 4 <= hi; n += 4) {
-        for (int m = 0; m < t->M; m++) {
-            float v[4];
-            if (t->kind == 0)
-                dot4_q8_0((const int8_t *)t->wq + n * ldq, t->wd + n * ldd, ldq, ldd, t->xq + (size_t)m * t->K,
-                          t->xd + (size_t)m * nb, nb, v);
-            else
-                dot4_q4_1((const uint8_t *)t->wq + n * ldq, t->wd + n * ldd, t->wm + n * ldd, ldq, ldd,
-                          t->xq + (size_t)m * t->K, t->xd + (size_t)m * nb, t->xs + (size_t)m * nb, nb, v);
-            for (int r = 0; r < 4; r++) put(t, m, n + r, v[r]);
+    int G = (t->N + R - 1) / R, lo, hi;
+    split(G, part, parts, 1, &lo, &hi);
+    float out[MT * R];
+    for (int g = lo; g < hi; g++) /* a group's weights stay in L1 across every x row */
+        for (int m0 = 0; m0 < t->M; m0 += MT) {
+            int mt = t->M - m0 < MT ? t->M - m0 : MT, rows = t->N - g * R < R ? t->N - g * R : R;
+            tile(t, g, m0, mt, out);
+            for (int m = 0; m < mt; m++) {
+                float *y = t->y + (size_t)(m0 + m) * t->N + (size_t)g * R;
+                for (int i = 0; i < rows; i++) y[i] = t->accumulate ? y[i] + out[m * R + i] : out[m * R + i];
+            }
         }
-    }
-#endif
-    for (; n < hi; n++) {
-        for (int m = 0; m < t->M; m++) {
-            float v;
-            if (t->kind == 0)
-                v = dot_q8_0((const int8_t *)t->wq + n * ldq, t->wd + n * ldd, t->xq + (size_t)m * t->K,
-                             t->xd + (size_t)m * nb, nb);
-            else
-                v = dot_q4_1((const uint8_t *)t->wq + n * ldq, t->wd + n * ldd, t->wm + n * ldd,
-                             t->xq + (size_t)m * t->K, t->xd + (size_t)m * nb, t->xs + (size_t)m * nb, nb);
-            put(t, m, n, v);
-        }
-    }
 }
 
 /* x [M, K] fp32 (K a multiple of 32) -> y [M, N] fp32; y += when accumulate. Returns 0, or -1
@@ -364,9 +377,9 @@ static int gemv(int kind, const void *wq, const float *wd, const float *wm, cons
     float *xs = xd + (size_t)M * nb;
     for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * nb, xs + (size_t)m * nb);
     gemv_task t = {kind, wq, wd, wm, xq, xd, xs, y, M, N, K, accumulate};
-    /* parts of >= 32 rows and >= ~16k multiply-adds: less is not worth a hand-off */
-    size_t grain = 16384 / ((size_t)K * M) > 32 ? 16384 / ((size_t)K * M) : 32;
-    run(gemv_part, &t, n_parts((size_t)N, grain));
+    /* parts of >= 4 groups (32 rows) and >= ~16k multiply-adds: less is not worth a hand-off */
+    size_t grain = 2048 / ((size_t)K * M) > 4 ? 2048 / ((size_t)K * M) : 4;
+    run(gemv_part, &t, n_parts((size_t)(N + R - 1) / R, grain));
     free(xq);
     return 0;
 }
@@ -498,8 +511,8 @@ void sf_silu_mul(const float *gu, int T, int F, float *out) {
 /* ------------------------------------------------------- whole decode forward */
 
 typedef struct {
-    const void *q; /* q8_0: int8 [N, K]; q4_1: uint8 [N, K/2] */
-    const float *d, *m; /* [N, K/32]; m: q4_1 only */
+    const void *q; /* interleaved (see "interleaved tiles"); N real rows, padded to 8 */
+    const float *d, *m; /* [G, K/32, 8]; m: q4_1 only */
     int N, K;
 } sf_qmat;
 

@@ -122,12 +122,17 @@ def _f32(t: torch.Tensor, name: str) -> None:
 # ----------------------------------------------------------------- quantized matrices
 
 
-class QMat:
-    """A weight matrix [N, K] quantized in blocks of 32 along K.
+R = 8  # rows per interleaved group (kernels.c)
 
-    q8_0: q int8 [N, K], d float32 [N, K/32]: w = d q.
-    q4_1: q uint8 [N, K/2] (byte j of a block: weight j low nibble, weight j + 16 high),
-          d, mn float32 [N, K/32]: w = d q + mn.
+
+class QMat:
+    """A weight matrix [N, K] quantized in blocks of 32 along K, stored in the kernel's
+    interleaved layout (kernels.c, "interleaved tiles"): rows in groups of 8 (N padded with
+    zero rows), per group and block the 8 rows' values 4 by 4.
+
+    q8_0: q int8 [G, K/32, 8 chunks, 8 rows, 4], d float32 [G, K/32, 8]: w = d q.
+    q4_1: q uint8 [G, K/32, 4 chunks, 8 rows, 4] (low nibble: value 4 chunk + t of the block,
+          high nibble: value 16 + 4 chunk + t), d, mn float32 [G, K/32, 8]: w = d q + mn.
     """
 
     __slots__ = ("kind", "q", "d", "mn", "N", "K")
@@ -136,34 +141,49 @@ class QMat:
         if w.dim() != 2 or w.shape[1] % QK:
             raise ValueError(f"cannot quantize a {list(w.shape)} matrix in blocks of {QK}")
         self.kind, (self.N, self.K) = kind, w.shape
-        blocks = w.detach().to(torch.float32, copy=True).view(self.N, self.K // QK, QK)
+        Np = -(-self.N // R) * R
+        blocks = torch.zeros(Np, self.K // QK, QK)
+        blocks[: self.N] = w.detach().to(torch.float32).view(self.N, self.K // QK, QK)
         if kind == "q8_0":
             amax = blocks.abs().amax(-1)
             d = amax / 127
             q = torch.where(d[..., None] > 0, blocks / d.clamp_min(1e-30)[..., None], torch.zeros_like(blocks))
-            self.q = q.round().clamp(-127, 127).to(torch.int8).view(self.N, self.K).contiguous()
-            self.d, self.mn = d.contiguous(), None
+            q = q.round().clamp(-127, 127).to(torch.int8)  # [Np, nb, 32]
+            self.mn = None
         elif kind == "q4_1":
             lo, hi = blocks.amin(-1), blocks.amax(-1)
             d = (hi - lo) / 15
             q = torch.where(d[..., None] > 0, (blocks - lo[..., None]) / d.clamp_min(1e-30)[..., None],
                             torch.zeros_like(blocks)).round().clamp(0, 15).to(torch.uint8)
-            self.q = (q[..., :16] | (q[..., 16:] << 4)).reshape(self.N, self.K // 2).contiguous()
-            self.d, self.mn = d.contiguous(), lo.contiguous()
+            q = q[..., :16] | (q[..., 16:] << 4)  # [Np, nb, 16]: value j low, j + 16 high
+            self.mn = _interleave_scales(lo)
         else:
             raise ValueError(f"unknown quantization {kind!r}; one of q8_0, q4_1")
+        # [Np, nb, chunks * 4] -> [G, nb, chunks, 8 rows, 4]
+        G, nb = Np // R, self.K // QK
+        self.q = q.view(G, R, nb, -1, 4).permute(0, 2, 3, 1, 4).contiguous()
+        self.d = _interleave_scales(d)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [N, K] matrix the kernel multiplies by."""
+        G, nb = self.q.shape[:2]
+        q = self.q.permute(0, 3, 1, 2, 4).reshape(G * R, nb, -1)  # back to [Np, nb, bytes]
+        d = self.d.permute(0, 2, 1).reshape(G * R, nb)
         if self.kind == "q8_0":
-            return (self.q.view(self.N, -1, QK).float() * self.d[..., None]).view(self.N, self.K)
-        q = self.q.view(self.N, -1, 16)
-        q = torch.cat([q & 15, q >> 4], dim=-1).float()
-        return (q * self.d[..., None] + self.mn[..., None]).view(self.N, self.K)
+            w = q.float() * d[..., None]
+        else:
+            mn = self.mn.permute(0, 2, 1).reshape(G * R, nb)
+            w = torch.cat([q & 15, q >> 4], dim=-1).float() * d[..., None] + mn[..., None]
+        return w[: self.N].reshape(self.N, self.K)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.mn) if t is not None)
+
+
+def _interleave_scales(s: torch.Tensor) -> torch.Tensor:
+    """[Np, nb] per-row block scales -> [G, nb, 8]."""
+    return s.view(-1, R, s.shape[1]).permute(0, 2, 1).contiguous()
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
