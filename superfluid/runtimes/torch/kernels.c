@@ -415,35 +415,120 @@ static inline float dotf(const float *a, const float *b, int d) {
     return s;
 }
 
+#if SF_AVX2
+/* Eight sums of eight lanes each, as one vector [sum a0, ..., sum a7]. */
+static inline __m256 hsum8x8(const __m256 *a) {
+    __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 h0 = _mm256_hadd_ps(h01, h23), h1 = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+#endif
+
+/* s[l] = scale * q . k(g[l]) for l < L, k(c) = kc + (c * Hkv + kh) * d. Eight keys at a time
+ * on AVX2 (eight independent FMA chains, one transposed sum); which keys go together depends
+ * on L alone, so a query's scores do not depend on what else is in the step. */
+static void scores(const float *q, const float *kc, const int64_t *g, int L, int Hkv, int kh, int d, float scale,
+                   float *s) {
+    int l = 0;
+#if SF_AVX2
+    if ((d & 7) == 0) {
+        for (; l + 8 <= L; l += 8) {
+            __m256 acc[8];
+            const float *k[8];
+            for (int i = 0; i < 8; i++) {
+                acc[i] = _mm256_setzero_ps();
+                k[i] = kc + ((size_t)g[l + i] * Hkv + kh) * d;
+            }
+            for (int c = 0; c < d; c += 8) {
+                __m256 qv = _mm256_loadu_ps(q + c);
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + c), acc[i]);
+            }
+            _mm256_storeu_ps(s + l, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+        }
+    }
+#endif
+    for (; l < L; l++) s[l] = dotf(q, kc + ((size_t)g[l] * Hkv + kh) * d, d) * scale;
+}
+
+/* o = sum_l w[l] v(g[l]): the output in registers, 64 values at a time, keys in order. */
+static void weighted_values(const float *w, const float *vc, const int64_t *g, int L, int Hkv, int kh, int d,
+                            float *o) {
+    int c0 = 0;
+#if SF_AVX2
+    for (; c0 + 64 <= d; c0 += 64) {
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int l = 0; l < L; l++) {
+            const float *v = vc + ((size_t)g[l] * Hkv + kh) * d + c0;
+            __m256 wl = _mm256_set1_ps(w[l]);
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(v + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + c0 + 8 * i, acc[i]);
+    }
+#endif
+    if (c0 < d) {
+        memset(o + c0, 0, sizeof(float) * (size_t)(d - c0));
+        for (int l = 0; l < L; l++) {
+            const float *v = vc + ((size_t)g[l] * Hkv + kh) * d;
+            for (int c = c0; c < d; c++) o[c] += w[l] * v[c];
+        }
+    }
+}
+
+/* s[l] = exp(s[l] - mx) for l < n; returns their sum. Eight at a time on AVX2 (Cephes' expf:
+ * x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial in r, relative error ~2e-7), the tail
+ * with expf; which values go together and the order of the sum depend on n alone. */
+static float exp_shifted(float *s, int n, float mx) {
+    int l = 0;
+    float sum = 0.f;
+#if SF_AVX2
+    __m256 vs = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx);
+    const __m256 log2e = _mm256_set1_ps(1.44269504088896341f), c1 = _mm256_set1_ps(0.693359375f),
+                 c2 = _mm256_set1_ps(-2.12194440e-4f), floor_ = _mm256_set1_ps(-87.3f), one = _mm256_set1_ps(1.f);
+    for (; l + 8 <= n; l += 8) {
+        /* x <= 0 (mx is the maximum); below -87.3, e^x is 0 to float precision anyway */
+        __m256 x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(s + l), vm), floor_);
+        __m256 k = _mm256_round_ps(_mm256_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 r = _mm256_fnmadd_ps(k, c2, _mm256_fnmadd_ps(k, c1, x)); /* x - k ln2 in two parts */
+        __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+        p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, one));
+        __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+        __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+        _mm256_storeu_ps(s + l, v);
+        vs = _mm256_add_ps(vs, v);
+    }
+    sum = hsum8(vs);
+#endif
+    for (; l < n; l++) {
+        s[l] = expf(s[l] - mx);
+        sum += s[l];
+    }
+    return sum;
+}
+
 static void attn_part(void *p, int part, int parts) {
     const attn_task *t = p;
     int group = t->H / t->Hkv, items = t->B * t->Hkv, lo, hi;
     split(items, part, parts, 1, &lo, &hi);
-    float *s = malloc(sizeof(float) * (size_t)t->L * group);
+    float *s = malloc(sizeof(float) * (size_t)t->L);
     if (!s) return;
     for (int it = lo; it < hi; it++) {
         int b = it / t->Hkv, kh = it % t->Hkv, f = (int)t->first[b], L = (int)t->lens[b] - f;
         const int64_t *g = t->gather + (size_t)b * t->L + f;
-        const float *q = t->q + ((size_t)b * t->H + (size_t)kh * group) * t->d;
-        float *o = t->out + ((size_t)b * t->H + (size_t)kh * group) * t->d;
-        for (int l = 0; l < L; l++) {
-            const float *k = t->kc + ((size_t)g[l] * t->Hkv + kh) * t->d;
-            for (int j = 0; j < group; j++) s[j * L + l] = dotf(q + (size_t)j * t->d, k, t->d) * t->scale;
-        }
         for (int j = 0; j < group; j++) {
-            float *sj = s + (size_t)j * L, mx = -INFINITY, sum = 0.f;
-            for (int l = 0; l < L; l++) mx = sj[l] > mx ? sj[l] : mx;
-            for (int l = 0; l < L; l++) {
-                sj[l] = expf(sj[l] - mx);
-                sum += sj[l];
-            }
-            float inv = 1.f / sum, *oj = o + (size_t)j * t->d;
-            memset(oj, 0, sizeof(float) * t->d);
-            for (int l = 0; l < L; l++) {
-                const float *v = t->vc + ((size_t)g[l] * t->Hkv + kh) * t->d;
-                float w = sj[l] * inv;
-                for (int c = 0; c < t->d; c++) oj[c] += w * v[c];
-            }
+            const float *q = t->q + ((size_t)b * t->H + (size_t)kh * group + j) * t->d;
+            float *o = t->out + ((size_t)b * t->H + (size_t)kh * group + j) * t->d, mx = -INFINITY;
+            scores(q, t->kc, g, L, t->Hkv, kh, t->d, t->scale, s);
+            for (int l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
+            float inv = 1.f / exp_shifted(s, L, mx);
+            for (int l = 0; l < L; l++) s[l] *= inv;
+            weighted_values(s, t->vc, g, L, t->Hkv, kh, t->d, o);
         }
     }
     free(s);
