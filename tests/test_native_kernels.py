@@ -242,8 +242,20 @@ def test_whole_step_decode_equals_op_by_op(tiny, monkeypatch, quant):
 
     rt = TorchRuntime(tiny, kv_cache_mb=4, quant=quant)
     whole = decode_rows(rt, PROMPT)
+
+    def verify_rows():  # a multi-token step (prefill chunk, draft verification) beside a decode
+        a, b = rt.seq_create(), rt.seq_create()
+        rt.step([Feed(a, PROMPT[:6], False), Feed(b, PROMPT[:3], False)])
+        rows = rt.step_rows([Feed(a, PROMPT[6:11], True), Feed(b, PROMPT[3:4], True)])
+        rt.seq_free(a)
+        rt.seq_free(b)
+        return rows
+
+    multi = verify_rows()
     monkeypatch.setattr(native, "WHOLE_STEP", False)
     assert np.array_equal(decode_rows(rt, PROMPT), whole)
+    for x, y in zip(verify_rows(), multi):
+        assert len(x) == len(y) and all(np.array_equal(u, v) for u, v in zip(x, y))
 
 
 def test_quant_greedy_through_step_sampled_matches_step(tiny):

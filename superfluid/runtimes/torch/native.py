@@ -1,7 +1,8 @@
 """The forward on the native CPU kernels (kernels.c), when the runtime is built with
 ``quant`` ("q8_0" or "q4_1"): a layer is nine native calls instead of ~30 torch ops, which
 is what a one-token decode step is made of; a decode-only step of at most QROWS lanes runs
-all its layers in one native call (sf_decode: the same functions, no Python between them).
+all its layers in one native call (sf_decode: the same functions, no Python between them),
+and so does every step on the invariant (default) route.
 
 - Products with at most ``QROWS`` rows (decode steps) use the quantized GEMV (weights
   quantized once at load, activations per block of 32 on entry); larger ones (prefill) keep
@@ -29,7 +30,7 @@ from . import kernels
 from .attention import StepMeta, attend
 
 QROWS = 32  # products with more rows than this run as fp32 GEMMs (crossover measured at 32-64)
-WHOLE_STEP = True  # decode-only steps in one sf_decode call (False: op by op; tests compare the two)
+WHOLE_STEP = True  # steps in one sf_decode call where the route allows (False: op by op; tests compare the two)
 QUANT_KINDS = ("q8_0", "q4_1")
 
 
@@ -93,7 +94,10 @@ def forward(model, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_
     cfg, qrows, invariant = model.cfg, model.qrows, model.deterministic
     T, H, d, eps = tokens.shape[0], cfg.n_heads, cfg.head_dim, cfg.rms_eps
     x = model.embed.index_select(0, tokens)  # [T, D], ours: the residual adds go into it
-    if WHOLE_STEP and meta.decode_only and T <= QROWS:  # the whole step in one native call
+    # The whole step in one native call: any step on the invariant route (prefill chunks and
+    # draft verification too: sf_decode stores every row's k/v before any row attends, and
+    # each row sees its own keys up to its position), else decode-only steps of <= QROWS.
+    if WHOLE_STEP and (invariant or (meta.decode_only and T <= QROWS)):
         dec = model.native_decoder
         if dec is None or not dec.matches(kv_k, kv_v):
             dec = model.native_decoder = kernels.Decoder(model, kv_k, kv_v)
