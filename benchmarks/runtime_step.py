@@ -11,6 +11,12 @@ Each figure is also written as a ratio ours / transformers. Transformers runs in
 with --quant also in each quant mode (native kernels, block-quantized decode weights).
 Every repeat runs all sides in turn, so a change of machine load hits them alike.
 
+Machine limits, measured in the same run (``limits`` in the JSON): memory bandwidth (a
+64 MiB copy), fp32 GEMM (torch, [512, 576] x [576, 3072]) and the native q4_1 / q8_0 GEMV
+on the model's FFN shape at 1, 8, 32 and 512 rows. Each quant figure is then set against
+them: decode@1 as the weight bytes a token streams over the bandwidth, prefill and
+decode@32 as their multiply-adds over the GEMV's rate at that many rows.
+
     .venv/bin/python benchmarks/runtime_step.py [--dtype float32|bfloat16] [--quant q8_0,q4_1]
         [--deterministic] [--repeats 3]
 """
@@ -60,6 +66,48 @@ def ours_decode(rt, prompts, n_new) -> float:
     for s in seqs:
         rt.seq_free(s)
     return len(prompts) * n_new / el
+
+
+def _median_secs(fn, n: int = 7) -> float:
+    fn()
+    return statistics.median(timed(fn) for _ in range(n))
+
+
+def machine_limits() -> dict:
+    """What this machine can do for the shapes a step is made of (see the module doc)."""
+    from superfluid.runtimes.torch import kernels
+
+    a = torch.empty(16 * 2 ** 20)
+    b = torch.empty_like(a)
+    out = {"copy_gb_s": 2 * a.numel() * 4 / _median_secs(lambda: b.copy_(a)) / 1e9}
+    x, w = torch.randn(512, 576), torch.randn(3072, 576)
+    out["fp32_gemm_gflop_s"] = 2 * 512 * 576 * 3072 / _median_secs(lambda: x @ w.T) / 1e9
+    if kernels.native() is not None:
+        for kind in ("q4_1", "q8_0"):
+            m = kernels.QMat(w, kind)
+            for rows in (1, 8, 32, 512):
+                xr = torch.randn(rows, 576)
+                out[f"{kind}_gemv_gmac_s@{rows}"] = rows * 3072 * 576 / _median_secs(lambda: kernels.gemv(xr, m)) / 1e9
+    return out
+
+
+def against_limits(rt, results: dict, name: str, limits: dict) -> dict:
+    """Share of the machine's limit each figure of a quant variant reaches."""
+    model = rt.model
+    kind = model.layers[0].wqkv.q.kind if model.layers[0].wqkv.q is not None else None
+    if kind is None or f"{kind}_gemv_gmac_s@1" not in limits:
+        return {}
+    layer_macs = sum(m.q.N * m.q.K for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown))
+    head = model.lm_head.q
+    token_bytes = sum(m.q.nbytes for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)) + head.nbytes
+    d1, d32 = results["decode_1"][name]["tok_s"], results["decode_32"][name]["tok_s"]
+    pre = results["prefill_512"][name]["tok_s"]
+    return {
+        "decode_1_bandwidth_share": d1 * token_bytes / 1e9 / limits["copy_gb_s"],
+        "decode_32_gemv_share": d32 * (layer_macs + head.N * head.K) / 1e9 / limits[f"{kind}_gemv_gmac_s@32"],
+        "prefill_512_gemv_share": pre * layer_macs / 1e9 / limits[f"{kind}_gemv_gmac_s@512"],
+        "token_weight_mb": token_bytes / 1e6,
+    }
 
 
 def hf_prefill(hf, tokens) -> float:
@@ -128,13 +176,19 @@ def main() -> None:
             results[name][k] = {"tok_s": med, "ratio": med / base, "all": a}
             line += f" | {k} {med:8.1f} ({med / base:.2f}x)"
         print(line, flush=True)
+    limits = machine_limits()
+    print("limits", {k: round(v, 1) for k, v in limits.items()}, flush=True)
+    shares = {k: against_limits(rt, results, k, limits) for k, rt in variants.items()}
+    for k, v in shares.items():
+        if v:
+            print(f"{k}: " + ", ".join(f"{a} {b:.2f}" for a, b in v.items()), flush=True)
     report = {
         "benchmark": "runtime_step", "model": str(args.model), "ours_dtype": str(variants["ours"].dtype),
         "variants": [k for k in variants if k != "ours"],
         "transformers_dtype": "torch.bfloat16", "threads": args.threads, "repeats": args.repeats,
         "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
         "load_avg": list(__import__("os").getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "results": results,
+        "results": results, "limits": limits, "limit_shares": {k: v for k, v in shares.items() if v},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
