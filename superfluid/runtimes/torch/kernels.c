@@ -183,7 +183,36 @@ static inline void split(int n, int part, int parts, int align, int *lo, int *hi
 static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs) {
     for (int b = 0; b < K / QK; b++) {
         const float *v = x + b * QK;
+        int8_t *q = xq + b * QK;
         float amax = 0.f;
+#if SF_AVX2
+        /* the same values as the loop below: max of |v| is exact, v * id the same product,
+         * cvtps rounds half to even as nearbyintf does in the default rounding mode */
+        const __m256 sign = _mm256_set1_ps(-0.f);
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < QK; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + j)));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        amax = _mm_cvtss_f32(h);
+        float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), vid));
+        __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), vid));
+        __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16), vid));
+        __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 24), vid));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        /* |values| <= 127: the saturating packs are exact; packs interleave 128-bit lanes, so
+         * put the dwords back in order */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)q, p);
+        xd[b] = d;
+        xs[b] = d * (float)_mm_cvtsi128_si32(s4);
+#else
         for (int j = 0; j < QK; j++) {
             float a = fabsf(v[j]);
             amax = a > amax ? a : amax;
@@ -191,12 +220,29 @@ static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs
         float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
         int sum = 0;
         for (int j = 0; j < QK; j++) {
-            xq[b * QK + j] = (int8_t)nearbyintf(v[j] * id);
-            sum += xq[b * QK + j];
+            q[j] = (int8_t)nearbyintf(v[j] * id);
+            sum += q[j];
         }
         xd[b] = d;
         xs[b] = d * (float)sum;
+#endif
     }
+}
+
+typedef struct {
+    const float *x;
+    int8_t *xq;
+    float *xd, *xs;
+    int M, K;
+} quant_task;
+
+static void quant_part(void *p, int part, int parts) {
+    const quant_task *t = p;
+    int nb = t->K / QK, lo, hi;
+    split(t->M, part, parts, 1, &lo, &hi);
+    for (int m = lo; m < hi; m++)
+        quantize_row(t->x + (size_t)m * t->K, t->K, t->xq + (size_t)m * t->K, t->xd + (size_t)m * nb,
+                     t->xs + (size_t)m * nb);
 }
 
 /* ------------------------------------------------------------- interleaved tiles
@@ -375,7 +421,8 @@ static int gemv(int kind, const void *wq, const float *wd, const float *wm, cons
     if (!xq) return -2;
     float *xd = (float *)(((uintptr_t)(xq + (size_t)M * K) + 15) & ~(uintptr_t)15);
     float *xs = xd + (size_t)M * nb;
-    for (int m = 0; m < M; m++) quantize_row(x + (size_t)m * K, K, xq + (size_t)m * K, xd + (size_t)m * nb, xs + (size_t)m * nb);
+    quant_task qt = {x, xq, xd, xs, M, K};
+    run(quant_part, &qt, (size_t)M * K < 65536 ? 1 : n_parts((size_t)M, 8));
     gemv_task t = {kind, wq, wd, wm, xq, xd, xs, y, M, N, K, accumulate};
     /* parts of >= 4 groups (32 rows) and >= ~16k multiply-adds: less is not worth a hand-off */
     size_t grain = 2048 / ((size_t)K * M) > 4 ? 2048 / ((size_t)K * M) : 4;
