@@ -50,12 +50,13 @@ def test_gemv_matches_reference(kind, N, K, M):
 
 
 def test_q4_1_requantizes_q4_1_weights_losslessly():
-    # Weights that already are q4_1 values (d q + mn with q spanning 0..15) come back as they were.
+    # Weights that already are q4_1 values (d q + mn with q spanning 0..15, d and mn fp16 as a
+    # GGUF file stores them) come back as they were.
     g = torch.Generator().manual_seed(3)
     q = torch.randint(0, 16, (64, 4, 32), generator=g).float()
     q[..., 0], q[..., 1] = 0, 15
-    d = torch.rand(64, 4, 1, generator=g) * 0.01 + 1e-3
-    mn = -torch.rand(64, 4, 1, generator=g) * 0.1
+    d = (torch.rand(64, 4, 1, generator=g) * 0.01 + 1e-3).half().float()
+    mn = (-torch.rand(64, 4, 1, generator=g) * 0.1).half().float()
     w = (q * d + mn).view(64, 128)
     assert torch.allclose(kernels.QMat(w, "q4_1").dequantize(), w, atol=1e-7)
 

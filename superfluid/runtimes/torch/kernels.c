@@ -24,7 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define SF_AVX2 1
 /* u8 x s8 dot products of 4 adjacent bytes into int32 lanes. VNNI does it in one exact
@@ -252,7 +252,7 @@ static void quant_part(void *p, int part, int parts) {
  *   q8_0: 256 bytes, 8 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t]
  *   q4_1: 128 bytes, 4 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t]
  *         | q[8g + i][32b + 16 + 4j + t] << 4
- *   d (and q4_1's mn): [G][nb][8] floats, lane i for row 8g + i.
+ *   d (and q4_1's mn): [G][nb][8] fp16 (as GGUF stores them), lane i for row 8g + i.
  * A 256-bit chunk holds 4 consecutive k of each of 8 rows, so one 4-way u8 x s8 dot against
  * those 4 x values broadcast gives 8 rows' partial sums at once; a block's integer sum per
  * row is exact, and a block costs one int->float conversion and one FMA per 8 rows (the
@@ -267,6 +267,27 @@ static void quant_part(void *p, int part, int parts) {
 #define R 8
 #define MT 4 /* x rows per tile */
 
+/* fp16 -> fp32, exact (the plain path; F16C's vcvtph2ps gives the same values). */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0x1f)
+        bits = sign | 0x7f800000 | (m << 13); /* inf, nan */
+    else if (e)
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    else if (m) { /* subnormal: normalise */
+        e = 113;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            e--;
+        }
+        bits = sign | (e << 23) | ((m & 0x3ff) << 13);
+    } else
+        bits = sign;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 #if SF_AVX2
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -275,13 +296,15 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline __m256 half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
 static inline __m256i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
 }
 
-static inline __attribute__((always_inline)) void tile_q8_0(const int8_t *wq, const float *wd, int nb,
+static inline __attribute__((always_inline)) void tile_q8_0(const int8_t *wq, const uint16_t *wd, int nb,
                                                              const int8_t *xq, const float *xd, size_t K, int mt,
                                                              float *out) {
     __m256 acc[MT];
@@ -295,14 +318,14 @@ static inline __attribute__((always_inline)) void tile_q8_0(const int8_t *wq, co
             for (int m = 0; m < mt; m++)
                 s[m] = SF_DPBUSD(s[m], aw, _mm256_sign_epi8(bcast4(xq + m * K + (size_t)b * QK + 4 * j), w));
         }
-        __m256 d = _mm256_loadu_ps(wd + (size_t)b * R);
+        __m256 d = half8(wd + (size_t)b * R);
         for (int m = 0; m < mt; m++)
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m]), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
     }
     for (int m = 0; m < mt; m++) _mm256_storeu_ps(out + m * R, acc[m]);
 }
 
-static inline __attribute__((always_inline)) void tile_q4_1(const uint8_t *wq, const float *wd, const float *wm,
+static inline __attribute__((always_inline)) void tile_q4_1(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm,
                                                              int nb, const int8_t *xq, const float *xd,
                                                              const float *xs, size_t K, int mt, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0f);
@@ -320,7 +343,7 @@ static inline __attribute__((always_inline)) void tile_q4_1(const uint8_t *wq, c
                 s[m] = SF_DPBUSD(s[m], hi, bcast4(x + 16));
             }
         }
-        __m256 d = _mm256_loadu_ps(wd + (size_t)b * R), mn = _mm256_loadu_ps(wm + (size_t)b * R);
+        __m256 d = half8(wd + (size_t)b * R), mn = half8(wm + (size_t)b * R);
         for (int m = 0; m < mt; m++) {
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m]), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
             macc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * nb + b]), macc[m]);
@@ -331,7 +354,7 @@ static inline __attribute__((always_inline)) void tile_q4_1(const uint8_t *wq, c
 #endif
 
 /* The plain C tile: the same arithmetic, lane by lane (see above). */
-static void tile_plain(int kind, const void *wqv, const float *wd, const float *wm, int nb, const int8_t *xq,
+static void tile_plain(int kind, const void *wqv, const uint16_t *wd, const uint16_t *wm, int nb, const int8_t *xq,
                        const float *xd, const float *xs, size_t K, int mt, float *out) {
     for (int m = 0; m < mt; m++)
         for (int i = 0; i < R; i++) {
@@ -348,9 +371,9 @@ static void tile_plain(int kind, const void *wqv, const float *wd, const float *
                         uint8_t byte = w[32 * (k / 4) + k % 4];
                         s += (int32_t)(byte & 15) * x[k] + (int32_t)(byte >> 4) * x[k + 16];
                     }
-                    macc = fmaf(wm[(size_t)b * R + i], xs[m * nb + b], macc);
+                    macc = fmaf(half_to_float(wm[(size_t)b * R + i]), xs[m * nb + b], macc);
                 }
-                acc = fmaf((float)s, wd[(size_t)b * R + i] * xd[m * nb + b], acc);
+                acc = fmaf((float)s, half_to_float(wd[(size_t)b * R + i]) * xd[m * nb + b], acc);
             }
             out[m * R + i] = kind == 0 ? acc : acc + macc;
         }
@@ -361,7 +384,7 @@ static void tile_plain(int kind, const void *wqv, const float *wd, const float *
 typedef struct {
     int kind; /* 0: q8_0, 1: q4_1 */
     const void *wq;
-    const float *wd, *wm;
+    const uint16_t *wd, *wm; /* fp16 block scales */
     const int8_t *xq;
     const float *xd, *xs;
     float *y;
@@ -374,7 +397,7 @@ static void tile(const gemv_task *t, int g, int m0, int mt, float *out) {
     const int8_t *xq = t->xq + (size_t)m0 * t->K;
     const float *xd = t->xd + (size_t)m0 * nb, *xs = t->xs + (size_t)m0 * nb;
     const uint8_t *wq = (const uint8_t *)t->wq + g * gq;
-    const float *wd = t->wd + g * gd, *wm = t->wm ? t->wm + g * gd : NULL;
+    const uint16_t *wd = t->wd + g * gd, *wm = t->wm ? t->wm + g * gd : NULL;
 #if SF_AVX2
     /* constant mt per call: the compiler keeps the accumulators in registers */
 #define SF_TILE(n)                                                                                  \
@@ -413,7 +436,7 @@ static void gemv_part(void *p, int part, int parts) {
 
 /* x [M, K] fp32 (K a multiple of 32) -> y [M, N] fp32; y += when accumulate. Returns 0, or -1
  * when K is not a multiple of 32. */
-static int gemv(int kind, const void *wq, const float *wd, const float *wm, const float *x, float *y, int M, int N,
+static int gemv(int kind, const void *wq, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int M, int N,
                 int K, int accumulate) {
     if (K % QK) return -1;
     int nb = K / QK;
@@ -431,11 +454,11 @@ static int gemv(int kind, const void *wq, const float *wd, const float *wm, cons
     return 0;
 }
 
-int sf_gemv_q8_0(const int8_t *wq, const float *wd, const float *x, float *y, int M, int N, int K, int accumulate) {
+int sf_gemv_q8_0(const int8_t *wq, const uint16_t *wd, const float *x, float *y, int M, int N, int K, int accumulate) {
     return gemv(0, wq, wd, NULL, x, y, M, N, K, accumulate);
 }
 
-int sf_gemv_q4_1(const uint8_t *qs, const float *wd, const float *wm, const float *x, float *y, int M, int N, int K,
+int sf_gemv_q4_1(const uint8_t *qs, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int M, int N, int K,
                  int accumulate) {
     return gemv(1, qs, wd, wm, x, y, M, N, K, accumulate);
 }
@@ -644,7 +667,7 @@ void sf_silu_mul(const float *gu, int T, int F, float *out) {
 
 typedef struct {
     const void *q; /* interleaved (see "interleaved tiles"); N real rows, padded to 8 */
-    const float *d, *m; /* [G, K/32, 8]; m: q4_1 only */
+    const uint16_t *d, *m; /* fp16 [G, K/32, 8]; m: q4_1 only */
     int N, K;
 } sf_qmat;
 

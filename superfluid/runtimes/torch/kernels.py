@@ -130,9 +130,11 @@ class QMat:
     interleaved layout (kernels.c, "interleaved tiles"): rows in groups of 8 (N padded with
     zero rows), per group and block the 8 rows' values 4 by 4.
 
-    q8_0: q int8 [G, K/32, 8 chunks, 8 rows, 4], d float32 [G, K/32, 8]: w = d q.
+    q8_0: q int8 [G, K/32, 8 chunks, 8 rows, 4], d float16 [G, K/32, 8]: w = d q.
     q4_1: q uint8 [G, K/32, 4 chunks, 8 rows, 4] (low nibble: value 4 chunk + t of the block,
-          high nibble: value 16 + 4 chunk + t), d, mn float32 [G, K/32, 8]: w = d q + mn.
+          high nibble: value 16 + 4 chunk + t), d, mn float16 [G, K/32, 8]: w = d q + mn.
+    Scales are fp16 as in GGUF files (a Q4_1/Q8_0 file's own scales survive the round trip
+    whenever its blocks reach both ends of their range), 2 bytes less per 32 weights each.
     """
 
     __slots__ = ("kind", "q", "d", "mn", "N", "K")
@@ -145,14 +147,13 @@ class QMat:
         blocks = torch.zeros(Np, self.K // QK, QK)
         blocks[: self.N] = w.detach().to(torch.float32).view(self.N, self.K // QK, QK)
         if kind == "q8_0":
-            amax = blocks.abs().amax(-1)
-            d = amax / 127
+            d = (blocks.abs().amax(-1) / 127).half().float()  # the scale as stored (fp16, as GGUF)
             q = torch.where(d[..., None] > 0, blocks / d.clamp_min(1e-30)[..., None], torch.zeros_like(blocks))
             q = q.round().clamp(-127, 127).to(torch.int8)  # [Np, nb, 32]
             self.mn = None
         elif kind == "q4_1":
-            lo, hi = blocks.amin(-1), blocks.amax(-1)
-            d = (hi - lo) / 15
+            lo = blocks.amin(-1).half().float()  # scales as stored (fp16, as GGUF)
+            d = ((blocks.amax(-1) - lo) / 15).half().float()
             q = torch.where(d[..., None] > 0, (blocks - lo[..., None]) / d.clamp_min(1e-30)[..., None],
                             torch.zeros_like(blocks)).round().clamp(0, 15).to(torch.uint8)
             q = q[..., :16] | (q[..., 16:] << 4)  # [Np, nb, 16]: value j low, j + 16 high
@@ -168,11 +169,11 @@ class QMat:
         """The float32 [N, K] matrix the kernel multiplies by."""
         G, nb = self.q.shape[:2]
         q = self.q.permute(0, 3, 1, 2, 4).reshape(G * R, nb, -1)  # back to [Np, nb, bytes]
-        d = self.d.permute(0, 2, 1).reshape(G * R, nb)
+        d = self.d.float().permute(0, 2, 1).reshape(G * R, nb)
         if self.kind == "q8_0":
             w = q.float() * d[..., None]
         else:
-            mn = self.mn.permute(0, 2, 1).reshape(G * R, nb)
+            mn = self.mn.float().permute(0, 2, 1).reshape(G * R, nb)
             w = torch.cat([q & 15, q >> 4], dim=-1).float() * d[..., None] + mn[..., None]
         return w[: self.N].reshape(self.N, self.K)
 
@@ -182,8 +183,8 @@ class QMat:
 
 
 def _interleave_scales(s: torch.Tensor) -> torch.Tensor:
-    """[Np, nb] per-row block scales -> [G, nb, 8]."""
-    return s.view(-1, R, s.shape[1]).permute(0, 2, 1).contiguous()
+    """[Np, nb] per-row block scales (already fp16-exact) -> fp16 [G, nb, 8]."""
+    return s.view(-1, R, s.shape[1]).permute(0, 2, 1).contiguous().half()
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
