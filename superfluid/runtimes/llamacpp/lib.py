@@ -85,7 +85,7 @@ class ContextSpec:
     n_ubatch: int  # tokens per physical micro-batch
     n_seq_max: int  # sequence ids [0, n_seq_max); recurrent: that many states
     n_threads: int
-    kv_f32: bool = False  # fp32 K/V (the reference numerics); default fp16 as llama.cpp
+    kv_f32: bool = False  # the reference numerics: fp32 K/V, no flash attention (its CPU kernel rounds Q to fp16)
 
 
 def new_context(model, spec: ContextSpec, path: Path):
@@ -103,6 +103,7 @@ def new_context(model, spec: ContextSpec, path: Path):
     p.no_perf = True
     if spec.kv_f32:
         p.type_k = p.type_v = 0  # GGML_TYPE_F32
+        p.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
     _forget_log()
     ctx = L.llama_init_from_model(model, p)
     if not ctx:

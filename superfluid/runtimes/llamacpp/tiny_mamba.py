@@ -1,0 +1,101 @@
+"""A tiny random Mamba: transformers' ``MambaForCausalLM`` weights saved as a Hugging Face
+folder AND written as a GGUF in llama.cpp's tensor layout (as llama.cpp's
+convert_hf_to_gguf.py writes Mamba), so tests compare the two on the same numbers.
+
+Layout (ggml dims are numpy's reversed): ``ssm_in`` = in_proj [2*d_inner, d_model],
+``ssm_conv1d`` = conv1d squeezed to [d_inner, d_conv], ``ssm_x`` = x_proj, ``ssm_dt`` =
+dt_proj (weight and bias), ``ssm_a`` = -exp(A_log) [d_inner, d_state], ``ssm_d`` = D,
+``ssm_out`` = out_proj; ``output`` = lm_head (untied: a tied head on random weights
+echoes the last token forever). The tokenizer is the tiny
+byte-level BPE of ``runtimes/torch/tiny.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+from ..torch.tiny import _write_tokenizer, tiny_vocab
+
+
+def _randomise(model, seed: int) -> None:
+    """Weights large enough that greedy picks are clear (the HF init is near-uniform)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("A_log", ".D")):
+                continue  # the HF init is already a sensible decay and skip gain
+            if name.endswith("norm.weight") or name.endswith("norm_f.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif "conv1d" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+            elif name.endswith("dt_proj.bias"):
+                continue
+            elif name.endswith("embeddings.weight"):
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(p.shape[-1]))
+
+
+def write_tiny_mamba(out: str | Path, *, n_layers: int = 2, hidden: int = 64, d_state: int = 16, d_conv: int = 4,
+                     seed: int = 0, arch: str = "mamba") -> tuple[Path, Path]:
+    """(gguf file, HF folder) of one random Mamba; ``arch`` lets tests write a bad name."""
+    import torch
+    from transformers import MambaConfig, MambaForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = len(tiny_vocab()[0])
+    dt_rank = -(-hidden // 16)
+    cfg = MambaConfig(vocab_size=vocab, hidden_size=hidden, state_size=d_state, num_hidden_layers=n_layers,
+                      expand=2, conv_kernel=d_conv, time_step_rank=dt_rank, layer_norm_epsilon=1e-5,
+                      use_bias=False, use_conv_bias=True, tie_word_embeddings=False, bos_token_id=1,
+                      eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = MambaForCausalLM(cfg).eval()
+    _randomise(model, seed)
+    hf = out / "hf"
+    model.save_pretrained(hf)
+
+    d_inner = 2 * hidden
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    path = out / "mamba.gguf"
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny-mamba")
+    w.add_context_length(1 << 20)  # a recurrent state has no context limit; llama.cpp's converter writes this
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(n_layers)
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_layer_norm_rms_eps(1e-5)
+    _write_tokenizer(w, "gpt2")
+    w.add_vocab_size(vocab)
+    w.add_tensor("token_embd.weight", sd["backbone.embeddings.weight"])
+    for i in range(n_layers):
+        hp, gp = f"backbone.layers.{i}.", f"blk.{i}."
+        m = hp + "mixer."
+        w.add_tensor(gp + "attn_norm.weight", sd[hp + "norm.weight"])
+        w.add_tensor(gp + "ssm_in.weight", sd[m + "in_proj.weight"])
+        w.add_tensor(gp + "ssm_conv1d.weight", np.ascontiguousarray(sd[m + "conv1d.weight"].squeeze(1)))
+        w.add_tensor(gp + "ssm_conv1d.bias", sd[m + "conv1d.bias"])
+        w.add_tensor(gp + "ssm_x.weight", sd[m + "x_proj.weight"])
+        w.add_tensor(gp + "ssm_dt.weight", sd[m + "dt_proj.weight"])
+        w.add_tensor(gp + "ssm_dt.bias", sd[m + "dt_proj.bias"])
+        w.add_tensor(gp + "ssm_a", -np.exp(sd[m + "A_log"]).astype(np.float32))
+        w.add_tensor(gp + "ssm_d", sd[m + "D"])
+        w.add_tensor(gp + "ssm_out.weight", sd[m + "out_proj.weight"])
+    w.add_tensor("output_norm.weight", sd["backbone.norm_f.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, hf
