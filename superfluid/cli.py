@@ -258,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a model that does not load, a bad option value
         from .models import ModelLoadError
+        from .worker.client import WorkerFailed
 
-        if isinstance(e, (ModelLoadError, ValueError)):
+        if isinstance(e, (ModelLoadError, ValueError, WorkerFailed)):
             print(f"superfluid: {e}", file=sys.stderr)
             return 2
         raise

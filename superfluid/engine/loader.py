@@ -80,7 +80,11 @@ def build_engine(config: EngineConfig) -> Engine:
         from ..worker.client import WorkerClient, WorkerConfig
 
         client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout))
-        client.start()
+        try:
+            client.start()
+        except BaseException:
+            client.close()  # the rings and the pulse are shared memory: give them back
+            raise
         tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
         return Engine(client, client.rings, tokenizer, config, model_name=name)
 
