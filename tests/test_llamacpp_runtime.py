@@ -1,4 +1,4 @@
-"""The llamacpp runtime on tiny random GGUFs (a Llama and a Mamba written by the tests):
+"""The llamacpp runtime on tiny random GGUFs (a Llama, a Mamba and a Mamba2 written by the tests):
 numerics against transformers, every primitive, a full KV, bad files. Fast: no real model."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from superfluid.models import ModelLoadError  # noqa: E402
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, UnknownSeq, Unsupported  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba  # noqa: E402
+from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba, write_tiny_mamba2  # noqa: E402
 from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]  # 20 tokens
@@ -26,7 +26,8 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("llamacpp")
     llama = write_tiny_gguf(d / "llama.gguf", tied=False, seed=4)
     mamba, mamba_hf = write_tiny_mamba(d / "mamba", seed=1)
-    return {"dir": d, "llama": llama, "mamba": mamba, "mamba_hf": mamba_hf}
+    mamba2, mamba2_hf = write_tiny_mamba2(d / "mamba2", seed=2)
+    return {"dir": d, "llama": llama, "mamba": mamba, "mamba_hf": mamba_hf, "mamba2": mamba2, "mamba2_hf": mamba2_hf}
 
 
 def _runtime(path, **kw):
@@ -47,19 +48,25 @@ def mamba(files):
     return _runtime(files["mamba"])
 
 
-@pytest.fixture(scope="module", params=["llama", "mamba"])
-def rt(request, llama, mamba):
-    return {"llama": llama, "mamba": mamba}[request.param]
+@pytest.fixture(scope="module")
+def mamba2(files):
+    return _runtime(files["mamba2"])
+
+
+@pytest.fixture(scope="module", params=["llama", "mamba", "mamba2"])
+def rt(request, llama, mamba, mamba2):
+    return {"llama": llama, "mamba": mamba, "mamba2": mamba2}[request.param]
 
 
 @pytest.fixture(scope="module")
 def hf_models(files):
-    from transformers import AutoModelForCausalLM, MambaForCausalLM
+    from transformers import AutoModelForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
     d = files["dir"]
     return {
         "llama": AutoModelForCausalLM.from_pretrained(d, gguf_file="llama.gguf", dtype=torch.float32).eval(),
         "mamba": MambaForCausalLM.from_pretrained(files["mamba_hf"], dtype=torch.float32).eval(),
+        "mamba2": Mamba2ForCausalLM.from_pretrained(files["mamba2_hf"], dtype=torch.float32).eval(),
     }
 
 
@@ -84,7 +91,7 @@ def fresh_row(rt, tokens):
     return row
 
 
-def test_is_runtime_primitives(llama, mamba):
+def test_is_runtime_primitives(llama, mamba, mamba2):
     assert isinstance(llama, RuntimePrimitives)
     d = llama.desc
     assert not d.exact_only and d.truncate_partial and d.copy_shares_cells and d.max_seqs == 16
@@ -92,14 +99,15 @@ def test_is_runtime_primitives(llama, mamba):
     m = mamba.desc
     assert m.exact_only and not m.truncate_partial and not m.copy_shares_cells and m.takeover_preferred
     assert mamba.mem_counters().cells_total == 0  # a recurrent state is not counted in cells
+    assert mamba2.desc.exact_only and "mamba2" in mamba2.desc.runtime_id
 
 
 # ------------------------------------------------------------------ numerics
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba"])
-def test_greedy_equals_transformers(name, llama, mamba, hf_models):
-    rt, hf = {"llama": llama, "mamba": mamba}[name], hf_models[name]
+@pytest.mark.parametrize("name", ["llama", "mamba", "mamba2"])
+def test_greedy_equals_transformers(name, llama, mamba, mamba2, hf_models):
+    rt, hf = {"llama": llama, "mamba": mamba, "mamba2": mamba2}[name], hf_models[name]
     with torch.inference_mode():
         ref = hf(torch.tensor([PROMPT])).logits[0].numpy()
         want = hf.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False,
@@ -185,8 +193,9 @@ def test_kv_copy_shares_cells_and_truncate_cuts(llama):
     assert rt.mem_counters().cells_used == before
 
 
-def test_recurrent_state_refuses_a_partial_cut(mamba):
-    rt = mamba
+@pytest.mark.parametrize("name", ["mamba", "mamba2"])
+def test_recurrent_state_refuses_a_partial_cut(name, mamba, mamba2):
+    rt = {"mamba": mamba, "mamba2": mamba2}[name]
     s, _ = prefill(rt, PROMPT)
     with pytest.raises(Unsupported):
         rt.seq_truncate(s, 10)  # llama.cpp's seq_rm refuses: the state of token 10 is gone
