@@ -152,3 +152,58 @@ def test_bad_files_fail_before_healthy(files, tmp_path):
             Server("--model", str(path), "--runtime-arg", "n_threads=1", runtime="llamacpp", ready_timeout=120)
         msg = str(e.value)
         assert "exited with 2" in msg and str(path) in msg and why in msg, (what, msg[-2000:])
+
+
+# ------------------------------------------------------------------ failures
+
+
+def _greedy_texts(client, model, n_req=4, max_tokens=40):
+    import concurrent.futures as cf
+
+    prompts = [PROMPT[i:] + PROMPT[:i] for i in range(n_req)]
+
+    def one(p):
+        return client.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+
+    with cf.ThreadPoolExecutor(n_req) as pool:
+        return list(pool.map(one, prompts))
+
+
+@pytest.mark.parametrize("name", ["llama", "mamba"])
+def test_fatal_decode_exits_70_and_replays_to_the_same_text(files, name):
+    """A Fatal from the runtime (as llama_decode < 0 raises) ends the worker with 70; the
+    daemon starts a clean one and decode-replays every request to the text it would have had."""
+    model = str(files[name])
+    args = ("--model", model, "--runtime-arg", "n_threads=1", "--runtime-arg", "kv_f32=true")
+    ref_server = Server(*args, runtime="llamacpp")
+    try:
+        want = _greedy_texts(openai.OpenAI(base_url=ref_server.v1, api_key="x", max_retries=0), model)
+    finally:
+        ref_server.cleanup()
+    server = Server(*args, runtime="llamacpp", env={"SUPERFLUID_FAIL_RUNTIME": "step:fatal:1:30"})
+    try:
+        got = _greedy_texts(openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=120), model)
+        h = server.health()
+        assert h["restarts"] >= 1 and h["last_exit"] == 70 and h["status"] == "ok"
+    finally:
+        server.cleanup()
+    assert got == want
+
+
+def test_a_full_kv_preempts_and_every_request_completes(files):
+    """256 cells for 6 requests of 20 + 60 tokens: llama_decode runs out of KV slots (Capacity,
+    the lane's OOM_TENTATIVE fault), the scheduler preempts and resumes; nothing is lost."""
+    model = str(files["llama"])
+    server = Server("--model", model, "--runtime-arg", "n_threads=1", "--runtime-arg", "kv_f32=true",
+                    "--runtime-arg", "n_ctx=256", runtime="llamacpp")
+    try:
+        client = openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=300)
+        got = _greedy_texts(client, model, n_req=6, max_tokens=60)
+        assert all(len(t) > 0 for t in got)
+        assert server.health()["restarts"] == 0
+        solo = [client.completions.create(model=model, prompt=PROMPT[i:] + PROMPT[:i], max_tokens=60, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].text for i in range(6)]
+        assert got == solo
+    finally:
+        server.cleanup()
