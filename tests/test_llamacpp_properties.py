@@ -1,7 +1,7 @@
 """The executor's stateful property tests (test_executor_properties.py) over the llamacpp
 runtime on tiny random GGUFs: a Llama (paged prefix cache, shared cells, a tight pool whose
-full KV faults lanes OOM_TENTATIVE) and a Mamba (exact_only: checkpoints, whole copies,
-take-overs). Fewer examples than on the toy: each one loads a model.
+full KV faults lanes OOM_TENTATIVE), a Mamba (exact_only: checkpoints, whole copies,
+take-overs) and a hybrid Jamba (exact_only over a counted, tight KV pool). Fewer examples than on the toy: each one loads a model.
 
 The machine checks the runtime through the toy's introspection (``seqs``, ``snapshot``,
 ``cells_of_live_seqs``); ``Tracked`` provides it over the real runtime: token histories it
@@ -24,7 +24,7 @@ pytest.importorskip("llama_cpp")
 import test_executor_properties as P  # noqa: E402
 from superfluid.runtimes.base import Feed  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba  # noqa: E402
+from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba  # noqa: E402
 from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
 
 ROW_ATOL = 2e-3
@@ -110,6 +110,8 @@ def _file(kind: str, tmp):
     if kind not in _FILES:
         if kind == "llama":
             _FILES[kind] = write_tiny_gguf(tmp / "llama.gguf", tied=False, seed=4)
+        elif kind == "jamba":
+            _FILES[kind] = write_tiny_jamba(tmp / "jamba", seed=3)[0]
         else:
             _FILES[kind] = write_tiny_mamba(tmp / "mamba", seed=1)[0]
     return _FILES[kind]
@@ -120,6 +122,7 @@ def _tiny_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("lcprops")
     _file("llama", d)
     _file("mamba", d)
+    _file("jamba", d)
     yield
     for rt in _REFS.values():
         rt.close()
@@ -178,6 +181,14 @@ class MambaMachine(LlamaCppMachine):
     LONG_PROMPTS = True
 
 
+class JambaMachine(LlamaCppMachine):
+    """A hybrid: exact_only like Mamba, with attention cells counted in a 256-cell pool."""
+
+    KIND = "jamba"
+    LC = dict(n_ctx=256, page=4, max_batch=8, max_seqs=8, max_seq_len=160)
+    LONG_PROMPTS = True
+
+
 SETTINGS = settings(P.SETTINGS, max_examples=8, stateful_step_count=30)
 
 
@@ -190,3 +201,4 @@ def _case(machine):
 TestLlamaPlain = _case(LlamaPlainMachine)
 TestLlamaTightPool = _case(LlamaTightPoolMachine)
 TestMamba = _case(MambaMachine)
+TestJamba = _case(JambaMachine)

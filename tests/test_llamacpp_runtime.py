@@ -1,4 +1,5 @@
-"""The llamacpp runtime on tiny random GGUFs (a Llama, a Mamba and a Mamba2 written by the tests):
+"""The llamacpp runtime on tiny random GGUFs (a Llama, a Mamba, a Mamba2 and a hybrid
+Jamba, written by the tests):
 numerics against transformers, every primitive, a full KV, bad files. Fast: no real model."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from superfluid.models import ModelLoadError  # noqa: E402
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, UnknownSeq, Unsupported  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba, write_tiny_mamba2  # noqa: E402
+from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
 from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]  # 20 tokens
@@ -27,7 +28,9 @@ def files(tmp_path_factory):
     llama = write_tiny_gguf(d / "llama.gguf", tied=False, seed=4)
     mamba, mamba_hf = write_tiny_mamba(d / "mamba", seed=1)
     mamba2, mamba2_hf = write_tiny_mamba2(d / "mamba2", seed=2)
-    return {"dir": d, "llama": llama, "mamba": mamba, "mamba_hf": mamba_hf, "mamba2": mamba2, "mamba2_hf": mamba2_hf}
+    jamba, jamba_hf = write_tiny_jamba(d / "jamba", seed=3)
+    return {"dir": d, "llama": llama, "mamba": mamba, "mamba_hf": mamba_hf, "mamba2": mamba2, "mamba2_hf": mamba2_hf,
+            "jamba": jamba, "jamba_hf": jamba_hf}
 
 
 def _runtime(path, **kw):
@@ -53,20 +56,31 @@ def mamba2(files):
     return _runtime(files["mamba2"])
 
 
-@pytest.fixture(scope="module", params=["llama", "mamba", "mamba2"])
-def rt(request, llama, mamba, mamba2):
-    return {"llama": llama, "mamba": mamba, "mamba2": mamba2}[request.param]
+@pytest.fixture(scope="module")
+def jamba(files):
+    return _runtime(files["jamba"])
+
+
+@pytest.fixture(scope="module")
+def runtimes(llama, mamba, mamba2, jamba):
+    return {"llama": llama, "mamba": mamba, "mamba2": mamba2, "jamba": jamba}
+
+
+@pytest.fixture(scope="module", params=["llama", "mamba", "mamba2", "jamba"])
+def rt(request, runtimes):
+    return runtimes[request.param]
 
 
 @pytest.fixture(scope="module")
 def hf_models(files):
-    from transformers import AutoModelForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+    from transformers import AutoModelForCausalLM, JambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
     d = files["dir"]
     return {
         "llama": AutoModelForCausalLM.from_pretrained(d, gguf_file="llama.gguf", dtype=torch.float32).eval(),
         "mamba": MambaForCausalLM.from_pretrained(files["mamba_hf"], dtype=torch.float32).eval(),
         "mamba2": Mamba2ForCausalLM.from_pretrained(files["mamba2_hf"], dtype=torch.float32).eval(),
+        "jamba": JambaForCausalLM.from_pretrained(files["jamba_hf"], dtype=torch.float32).eval(),
     }
 
 
@@ -91,7 +105,7 @@ def fresh_row(rt, tokens):
     return row
 
 
-def test_is_runtime_primitives(llama, mamba, mamba2):
+def test_is_runtime_primitives(llama, mamba, mamba2, jamba):
     assert isinstance(llama, RuntimePrimitives)
     d = llama.desc
     assert not d.exact_only and d.truncate_partial and d.copy_shares_cells and d.max_seqs == 16
@@ -100,14 +114,17 @@ def test_is_runtime_primitives(llama, mamba, mamba2):
     assert m.exact_only and not m.truncate_partial and not m.copy_shares_cells and m.takeover_preferred
     assert mamba.mem_counters().cells_total == 0  # a recurrent state is not counted in cells
     assert mamba2.desc.exact_only and "mamba2" in mamba2.desc.runtime_id
+    # a hybrid: exact_only (its Mamba layers cannot be cut back), its attention layers' cells counted
+    j = jamba.desc
+    assert j.exact_only and not j.truncate_partial and jamba.mem_counters().cells_total >= 512
 
 
 # ------------------------------------------------------------------ numerics
 
 
-@pytest.mark.parametrize("name", ["llama", "mamba", "mamba2"])
-def test_greedy_equals_transformers(name, llama, mamba, mamba2, hf_models):
-    rt, hf = {"llama": llama, "mamba": mamba, "mamba2": mamba2}[name], hf_models[name]
+@pytest.mark.parametrize("name", ["llama", "mamba", "mamba2", "jamba"])
+def test_greedy_equals_transformers(name, runtimes, hf_models):
+    rt, hf = runtimes[name], hf_models[name]
     with torch.inference_mode():
         ref = hf(torch.tensor([PROMPT])).logits[0].numpy()
         want = hf.generate(torch.tensor([PROMPT]), max_new_tokens=12, do_sample=False,
@@ -193,9 +210,9 @@ def test_kv_copy_shares_cells_and_truncate_cuts(llama):
     assert rt.mem_counters().cells_used == before
 
 
-@pytest.mark.parametrize("name", ["mamba", "mamba2"])
-def test_recurrent_state_refuses_a_partial_cut(name, mamba, mamba2):
-    rt = {"mamba": mamba, "mamba2": mamba2}[name]
+@pytest.mark.parametrize("name", ["mamba", "mamba2", "jamba"])
+def test_recurrent_state_refuses_a_partial_cut(name, runtimes):
+    rt = runtimes[name]
     s, _ = prefill(rt, PROMPT)
     with pytest.raises(Unsupported):
         rt.seq_truncate(s, 10)  # llama.cpp's seq_rm refuses: the state of token 10 is gone
@@ -209,6 +226,24 @@ def test_recurrent_state_refuses_a_partial_cut(name, mamba, mamba2):
     np.testing.assert_allclose(row, fresh_row(rt, PROMPT), atol=1e-4)
     rt.seq_free(s)
     rt.seq_free(dst)
+
+
+def test_hybrid_counts_its_attention_cells(files):
+    """Jamba: one cell per token for its attention layer; a whole copy shares them; a full
+    pool is Capacity as on a Llama (the Mamba layer's state is per sequence)."""
+    rt = _runtime(files["jamba"], n_ctx=256)
+    a, _ = prefill(rt, PROMPT * 5)
+    b = rt.seq_create()
+    rt.seq_copy(a, b, 100)
+    assert rt.mem_counters().cells_used == 100 and rt.cells_released([a]) == 0 and rt.cells_released([a, b]) == 100
+    c = rt.seq_create()
+    with pytest.raises(Capacity):
+        rt.step([Feed(c, (PROMPT * 8)[:157], True)])
+    assert rt.seq_len(c) == 0 and rt.pos_max(c) == -1
+    (row,) = rt.step([Feed(b, [1], True)])
+    np.testing.assert_allclose(row, fresh_row(rt, PROMPT * 5 + [1]), atol=1e-4)
+    assert rt.mem_counters().cells_used == 101
+    rt.close()
 
 
 def test_take_over_then_continue(rt):

@@ -1,4 +1,5 @@
-"""``superfluid serve --runtime llamacpp`` on tiny random GGUFs (a Llama, a Mamba, a Mamba2),
+"""``superfluid serve --runtime llamacpp`` on tiny random GGUFs (a Llama, a Mamba, a Mamba2,
+a hybrid Jamba),
 driven by the openai client: greedy text equals transformers', the OpenAI surface, exact
 prefix caching of resent prompts and next turns (Mamba: checkpoints at prompt end - 1),
 and files that do not load failing before the server says healthy."""
@@ -13,7 +14,7 @@ openai = pytest.importorskip("openai")
 import torch  # noqa: E402
 
 from serve_helpers import Server  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba, write_tiny_mamba2  # noqa: E402
+from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
 from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
 from superfluid.tokenizer import Tokenizer  # noqa: E402
 
@@ -26,11 +27,12 @@ def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("lcserve")
     mamba, mamba_hf = write_tiny_mamba(d / "m", seed=1)
     mamba2, mamba2_hf = write_tiny_mamba2(d / "m2", seed=2)
+    jamba, jamba_hf = write_tiny_jamba(d / "j", seed=3)
     return {"dir": d, "llama": write_tiny_gguf(d / "llama.gguf", tied=False, seed=4), "mamba": mamba,
-            "mamba_hf": mamba_hf, "mamba2": mamba2, "mamba2_hf": mamba2_hf}
+            "mamba_hf": mamba_hf, "mamba2": mamba2, "mamba2_hf": mamba2_hf, "jamba": jamba, "jamba_hf": jamba_hf}
 
 
-@pytest.fixture(scope="module", params=["llama", "mamba", "mamba2"])
+@pytest.fixture(scope="module", params=["llama", "mamba", "mamba2", "jamba"])
 def served(request, files):
     server = Server("--model", str(files[request.param]), "--runtime-arg", "n_threads=1", "--runtime-arg", "kv_f32=true",
                     runtime="llamacpp")
@@ -40,12 +42,14 @@ def served(request, files):
 
 
 def _transformers_greedy(name, files, n):
-    from transformers import AutoModelForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
+    from transformers import AutoModelForCausalLM, JambaForCausalLM, Mamba2ForCausalLM, MambaForCausalLM
 
     if name == "mamba":
         hf = MambaForCausalLM.from_pretrained(files["mamba_hf"], dtype=torch.float32).eval()
     elif name == "mamba2":
         hf = Mamba2ForCausalLM.from_pretrained(files["mamba2_hf"], dtype=torch.float32).eval()
+    elif name == "jamba":
+        hf = JambaForCausalLM.from_pretrained(files["jamba_hf"], dtype=torch.float32).eval()
     else:
         hf = AutoModelForCausalLM.from_pretrained(files["dir"], gguf_file="llama.gguf", dtype=torch.float32).eval()
     with torch.inference_mode():
@@ -108,7 +112,7 @@ def test_resent_prompt_and_next_turn_are_cached(served):
     n = first.usage.prompt_tokens
     assert n > 128 and first.usage.prompt_tokens_details.cached_tokens == 0
     cached = again.usage.prompt_tokens_details.cached_tokens
-    if name.startswith("mamba"):
+    if name != "llama":  # recurrent or hybrid: exact_only
         assert cached == n - 1  # the exact checkpoint one token short of the prompt's end
     else:
         assert cached >= n - 16  # whole pages

@@ -164,3 +164,81 @@ def write_tiny_mamba2(out: str | Path, *, n_layers: int = 2, hidden: int = 64, d
     w.write_tensors_to_file()
     w.close()
     return path, hf
+
+
+def write_tiny_jamba(out: str | Path, *, hidden: int = 64, n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128,
+                     d_state: int = 16, d_conv: int = 4, seed: int = 0) -> tuple[Path, Path]:
+    """(gguf file, HF folder) of one random Jamba, a hybrid: layer 0 Mamba (with the dt / B / C
+    norms), layer 1 attention without RoPE, dense MLPs. llama.cpp tells the kinds apart by the
+    per-layer ``attention.head_count_kv`` (0: a Mamba layer)."""
+    import torch
+    from transformers import JambaConfig, JambaForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = len(tiny_vocab()[0])
+    dt_rank = -(-hidden // 16)
+    cfg = JambaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=2,
+                      num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, num_experts=1,
+                      num_experts_per_tok=1, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                      expert_layer_offset=1, mamba_d_state=d_state, mamba_d_conv=d_conv, mamba_expand=2,
+                      mamba_dt_rank=dt_rank, mamba_conv_bias=True, mamba_proj_bias=False, rms_norm_eps=1e-5,
+                      use_mamba_kernels=False, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    torch.manual_seed(seed)
+    model = JambaForCausalLM(cfg).eval()
+    _randomise(model, seed)
+    hf = out / "hf"
+    model.save_pretrained(hf)
+
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    d_inner = 2 * hidden
+    path = out / "jamba.gguf"
+    w = GGUFWriter(str(path), "jamba")
+    w.add_name("tiny-jamba")
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_block_count(2)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv([0, n_kv_heads])  # layer 0: Mamba, layer 1: attention
+    w.add_ssm_conv_kernel(d_conv)
+    w.add_ssm_inner_size(d_inner)
+    w.add_ssm_state_size(d_state)
+    w.add_ssm_time_step_rank(dt_rank)
+    w.add_layer_norm_rms_eps(1e-5)
+    _write_tokenizer(w, "gpt2")
+    w.add_vocab_size(vocab)
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    for i in range(2):
+        hp, gp = f"model.layers.{i}.", f"blk.{i}."
+        w.add_tensor(gp + "attn_norm.weight", sd[hp + "input_layernorm.weight"])
+        if i == 0:
+            m = hp + "mamba."
+            w.add_tensor(gp + "ssm_in.weight", sd[m + "in_proj.weight"])
+            w.add_tensor(gp + "ssm_conv1d.weight", np.ascontiguousarray(sd[m + "conv1d.weight"].squeeze(1)))
+            w.add_tensor(gp + "ssm_conv1d.bias", sd[m + "conv1d.bias"])
+            w.add_tensor(gp + "ssm_x.weight", sd[m + "x_proj.weight"])
+            w.add_tensor(gp + "ssm_dt_norm.weight", sd[m + "dt_layernorm.weight"])
+            w.add_tensor(gp + "ssm_dt.weight", sd[m + "dt_proj.weight"])
+            w.add_tensor(gp + "ssm_dt.bias", sd[m + "dt_proj.bias"])
+            w.add_tensor(gp + "ssm_b_norm.weight", sd[m + "b_layernorm.weight"])
+            w.add_tensor(gp + "ssm_c_norm.weight", sd[m + "c_layernorm.weight"])
+            w.add_tensor(gp + "ssm_a", -np.exp(sd[m + "A_log"]).astype(np.float32))
+            w.add_tensor(gp + "ssm_d", sd[m + "D"])
+            w.add_tensor(gp + "ssm_out.weight", sd[m + "out_proj.weight"])
+        else:
+            a = hp + "self_attn."
+            for ours, theirs in (("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "o_proj")):
+                w.add_tensor(gp + ours + ".weight", sd[a + theirs + ".weight"])
+        w.add_tensor(gp + "ffn_norm.weight", sd[hp + "pre_ff_layernorm.weight"])
+        f = hp + "feed_forward."
+        for ours, theirs in (("ffn_gate", "gate_proj"), ("ffn_up", "up_proj"), ("ffn_down", "down_proj")):
+            w.add_tensor(gp + ours + ".weight", sd[f + theirs + ".weight"])
+    w.add_tensor("output_norm.weight", sd["model.final_layernorm.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, hf
