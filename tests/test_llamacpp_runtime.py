@@ -339,3 +339,45 @@ def test_a_quantized_llama_loads_and_runs(tmp_path):
     s, row = prefill(rt, PROMPT)
     assert row.shape == (rt.desc.vocab_size,) and np.isfinite(row).all()
     assert "qwen2" in rt.desc.runtime_id
+
+
+# ------------------------------------------------------------------ tokenizers
+
+TEXTS = ["Hello world, the cat sat on the mat.", " café naïve  über 12 don't", "<|im_start|>user\nhi<|im_end|>\n"]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_llamacpp_tokenizer_agrees_with_ours(tmp_path, kind):
+    """llama.cpp's own tokenizer (for vocabularies ours does not know) gives our ids, text,
+    token bytes, specials and end tokens on the vocabularies both know."""
+    from superfluid.runtimes.llamacpp.tokenizer import LlamaCppTokenizer
+    from superfluid.tokenizer import Tokenizer
+
+    path = write_tiny_gguf(tmp_path / f"{kind}.gguf", tokenizer=kind)
+    ours, lc = Tokenizer.from_gguf(path), LlamaCppTokenizer(path)
+    assert lc.vocab_size == ours.vocab_size and lc.bos_id == ours.bos_id and lc.add_bos == ours.add_bos
+    assert set(ours.eos_ids) <= set(lc.eos_ids) and lc.special_ids == ours.special_ids
+    for text in TEXTS:
+        for special in (False, True):
+            ids = ours.encode(text, add_special_tokens=special)
+            assert lc.encode(text, add_special_tokens=special) == ids
+            assert lc.decode(ids) == ours.decode(ids)
+    assert all(lc.token_bytes(i) == ours.token_bytes(i) for i in range(ours.vocab_size))
+    msgs = [{"role": "user", "content": "hi"}]
+    assert lc.apply_chat_template(msgs) == ours.apply_chat_template(msgs)
+
+
+def test_a_pretokenizer_only_llamacpp_knows(tmp_path):
+    """A BPE vocabulary with a pre-tokenizer ours lacks (gpt-4o) is tokenized by llama.cpp,
+    through the same engine; one llama.cpp does not know either is a load error."""
+    from superfluid import LLM, SamplingParams
+    from superfluid.runtimes.llamacpp.tokenizer import LlamaCppTokenizer
+
+    path = write_tiny_gguf(tmp_path / "gpt4o.gguf", tokenizer_pre="gpt-4o", tied=False, seed=4)
+    llm = LLM(str(path), runtime="llamacpp", runtime_args=dict(n_threads=1, n_ctx=512, max_batch=2))
+    assert isinstance(llm.tokenizer, LlamaCppTokenizer)
+    out = llm.chat([{"role": "user", "content": "the cat sat"}], SamplingParams(temperature=0, max_tokens=6))[0]
+    assert len(out.outputs[0].token_ids) == 6 and out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids)
+    bad = write_tiny_gguf(tmp_path / "nopre.gguf", tokenizer_pre="nosuchpre")
+    with pytest.raises(ModelLoadError, match=r"nopre\.gguf.*pre-tokenizer"):
+        LlamaCppRuntime(bad, n_threads=1)

@@ -71,6 +71,10 @@ def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
     from ..tokenizer import Tokenizer
 
     path = resolve_model(kw["model"])
+    if kind == "llamacpp":  # ours, or llama.cpp's own for a vocabulary ours does not know
+        from ..runtimes.llamacpp.tokenizer import gguf_tokenizer
+
+        return gguf_tokenizer(path)
     return Tokenizer.from_gguf(path) if path.suffix == ".gguf" else Tokenizer.from_hf(path)
 
 

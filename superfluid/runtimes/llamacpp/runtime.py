@@ -28,13 +28,13 @@ import numpy as np
 import llama_cpp as L
 
 from ...models import DEFAULT_MODEL, ModelLoadError, resolve_model
-from ...tokenizer import Tokenizer
 from ..base import (Capacity, Fatal, Feed, MemCounters, OutOfBoundary, RuntimeDesc, SampleSpec, Unsupported,
                     UnknownSeq, Vocabulary)
 from .batch import StepBatch
 from .cells import CellLedger
 from .lib import ContextSpec, default_threads, load_model, new_context, recent_errors
 from .probe import ModelFacts, model_facts, probe_cell_bytes
+from .tokenizer import gguf_tokenizer
 
 PAYLOAD_KIND = "llamacpp-seq-state"
 
@@ -51,7 +51,7 @@ class LlamaCppRuntime:
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: the llamacpp runtime loads .gguf files only")
         self.path = path
-        self.tokenizer = Tokenizer.from_gguf(path)  # also a first check of the file (truncation, fields)
+        self.tokenizer = gguf_tokenizer(path)  # also a first check of the file (truncation, fields)
         self.model = load_model(path)
         self._ctx = None
         self._batch: StepBatch | None = None
