@@ -381,3 +381,37 @@ def test_a_pretokenizer_only_llamacpp_knows(tmp_path):
     bad = write_tiny_gguf(tmp_path / "nopre.gguf", tokenizer_pre="nosuchpre")
     with pytest.raises(ModelLoadError, match=r"nopre\.gguf.*pre-tokenizer"):
         LlamaCppRuntime(bad, n_threads=1)
+
+
+# ------------------------------------------------------------------ the engine on a recurrent model
+
+
+@pytest.mark.parametrize("name", ["mamba", "jamba"])
+def test_recurrent_resend_next_turn_and_forks_start_from_exact_checkpoints(files, name):
+    """LLM over an exact_only runtime: a resent prompt and the next turn start from the
+    checkpoint one token short of the earlier prompt's end, with unchanged text; the n > 1
+    siblings of a prompt wait for the first one's checkpoint and fork from it."""
+    from superfluid import LLM, SamplingParams
+    from superfluid.engine.config import SchedulerConfig
+
+    llm = LLM(str(files[name]), runtime="llamacpp", runtime_args=dict(n_threads=1, kv_f32=True, max_batch=4))
+    greedy_p = SamplingParams(temperature=0, max_tokens=8)
+    msgs = [{"role": "user", "content": "the theory of everything is an interesting one, " * 4}]
+    first = llm.chat(msgs, greedy_p)[0]
+    n = len(first.prompt_token_ids)
+    assert n > 128 and first.num_cached_tokens == 0
+    again = llm.chat(msgs, greedy_p)[0]
+    assert again.num_cached_tokens == n - 1 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    turn2 = [{"role": "user", "content": "tell me about the theory of everything, please " * 4}]
+    nxt_prompt = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(turn2))
+    a = llm.generate(nxt_prompt, greedy_p)[0]
+    b = llm.generate(nxt_prompt + a.outputs[0].token_ids + [5, 6, 7], greedy_p)[0]  # the next turn
+    assert b.num_cached_tokens >= len(nxt_prompt) - 1
+    fresh = LLM(str(files[name]), runtime="llamacpp", runtime_args=dict(n_threads=1, kv_f32=True, max_batch=4),
+                scheduler=SchedulerConfig(prefix_caching=False))
+    ref = fresh.generate(nxt_prompt + a.outputs[0].token_ids + [5, 6, 7], greedy_p)[0]
+    assert ref.num_cached_tokens == 0 and ref.outputs[0].token_ids == b.outputs[0].token_ids
+    short = [{"role": "user", "content": "forks"}]  # short: checkpointed because its forks wait for it
+    forks = llm.chat(short, SamplingParams(temperature=1.0, n=3, max_tokens=6))[0]
+    assert forks.num_cached_tokens == len(forks.prompt_token_ids) - 1
+    assert len({tuple(c.token_ids) for c in forks.outputs}) == 3
