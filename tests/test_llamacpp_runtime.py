@@ -415,3 +415,19 @@ def test_recurrent_resend_next_turn_and_forks_start_from_exact_checkpoints(files
     forks = llm.chat(short, SamplingParams(temperature=1.0, n=3, max_tokens=6))[0]
     assert forks.num_cached_tokens == len(forks.prompt_token_ids) - 1
     assert len({tuple(c.token_ids) for c in forks.outputs}) == 3
+
+
+def test_speculative_drafts_verified_with_step_rows_change_no_text(files):
+    from superfluid import LLM, SamplingParams
+    from superfluid.engine.config import SchedulerConfig
+
+    prompts = [PROMPT[:10] * 6, PROMPT[3:10] * 8]  # repetitive: prompt lookup finds drafts
+    got = {}
+    for spec in (False, True):
+        llm = LLM(str(files["llama"]), runtime="llamacpp", runtime_args=dict(n_threads=1, kv_f32=True),
+                  scheduler=SchedulerConfig(speculative=spec))
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+        got[spec] = [o.outputs[0].token_ids for o in outs]
+        if spec:
+            assert llm.engine.scheduler.stats.spec_proposed > 0
+    assert got[True] == got[False]
