@@ -12,7 +12,8 @@ from .models import DEFAULT_MODEL
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"a registered name, a .gguf file or a Hugging Face folder (default: {DEFAULT_MODEL})")
-    p.add_argument("--runtime", default="torch", choices=["torch", "toy"], help="the model runtime (default: torch)")
+    p.add_argument("--runtime", default="torch", choices=["torch", "toy", "llamacpp"],
+                   help="the model runtime (default: torch; llamacpp: any GGUF llama.cpp loads, via llama-cpp-python)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the runtime's choice)")
     p.add_argument("--quant", default="auto", choices=["auto", "none", "q8_0", "q4_1"],
                    help="auto (default): a GGUF on CPU runs on the native kernel nearest its own tensor types "
@@ -257,8 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a model that does not load, a bad option value
         from .models import ModelLoadError
+        from .worker.client import WorkerFailed
 
-        if isinstance(e, (ModelLoadError, ValueError)):
+        if isinstance(e, (ModelLoadError, ValueError, WorkerFailed)):
             print(f"superfluid: {e}", file=sys.stderr)
             return 2
         raise

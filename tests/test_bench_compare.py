@@ -98,6 +98,18 @@ def test_medians_and_targets():
 
     (row,) = compare.comparisons(med, A)
     assert row["tokens_per_s_ratio"] == pytest.approx(3.3) and row["ttft_p50_ratio"] == 1.0
+
+    class L:  # --runtime llamacpp: the same kernels; multi-turn c=8 must reach 2x, chat c=1 1.0x
+        runtime = "llamacpp"
+        concurrency = [8, 1]
+        datasets = ["multi-turn", "chat"]
+
+    lruns = [{"server": srv, "concurrency": c, "dataset": ds, "round": 0, "result": res(tps, 5)}
+             for srv, c, ds, tps in (("superfluid", 8, "multi-turn", 190), ("llama-server", 8, "multi-turn", 100),
+                                     ("superfluid", 1, "chat", 101), ("llama-server", 1, "chat", 100))]
+    rows = {(r["dataset"], r["concurrency"]): r for r in compare.comparisons(compare.medians(lruns), L)}
+    assert rows[("multi-turn", 8)]["target_tokens_per_s_ratio"] == 2.0 and rows[("multi-turn", 8)]["target_met"] is False
+    assert rows[("chat", 1)]["target_tokens_per_s_ratio"] == 1.0 and rows[("chat", 1)]["target_met"] is True
     assert row["target_met"] is False  # >= 3x, but the TTFT p50 target at c=32 is 0.5x
     med["llama-server"]["32"]["chat"]["ttft_ms.p50"] = 12.0
     (row,) = compare.comparisons(med, A)

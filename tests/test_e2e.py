@@ -1,11 +1,14 @@
 """End to end: ``superfluid serve`` with the default model, driven by the openai client.
 
-One server for the module (``--quant none``: the fp32 reference numerics, the model in a
-worker process). The default (quantized, batch-invariant) server: test_e2e_default.py.
+One server per runtime, every test runs against both: ``torch --quant none`` (the fp32
+reference numerics, the model in a worker process) and ``llamacpp`` (the file's own Q4_1
+on llama.cpp's kernels, also in a worker). The default torch server (quantized,
+batch-invariant): test_e2e_default.py.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -31,11 +34,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(*extra: str):
+def start_server(*extra: str, runtime: str = "torch"):
     """``superfluid serve`` on a free port with the default model; yields its base URL."""
     port = _free_port()
     exe = Path(sys.executable).with_name("superfluid")
-    cmd = [str(exe), "serve", "--port", str(port), "--dtype", "float32", "--log-level", "warning",
+    dtype = ["--dtype", "float32"] if runtime == "torch" else []
+    cmd = [str(exe), "serve", "--runtime", runtime, "--port", str(port), *dtype, "--log-level", "warning",
            "--max-queued-requests", "64", *extra]
     log = open(ROOT / "tests" / ".e2e-server.log", "a") if os.environ.get("SUPERFLUID_E2E_LOG") else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT if log is not subprocess.DEVNULL else subprocess.DEVNULL)
@@ -61,10 +65,22 @@ def start_server(*extra: str):
         proc.kill()
 
 
+RUNTIMES = ["torch", pytest.param("llamacpp", marks=pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed"))]
+
+
+@pytest.fixture(scope="module", params=RUNTIMES)
+def server(request):
+    if request.param == "torch":
+        # The reference numerics (transformers-equal); the default fast path: test_e2e_default.py.
+        yield from start_server("--quant", "none")
+    else:
+        yield from start_server(runtime="llamacpp")
+
+
 @pytest.fixture(scope="module")
-def server():
-    # The reference numerics (transformers-equal); the default fast path: test_e2e_default.py.
-    yield from start_server("--quant", "none")
+def runtime(server):
+    return httpx.get(server + "/health").json().get("runtime", "")
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +102,10 @@ def test_models_and_health(client, server):
     assert h["status"] == "ok" and h["pid"] > 0
 
 
-def test_greedy_chat_matches_transformers(client):
+def test_greedy_chat_matches_transformers(client, runtime):
     """Greedy text through the server equals transformers' generate on the same GGUF (fp32)."""
+    if runtime.startswith("llamacpp"):
+        pytest.skip("llama.cpp runs the file's Q4_1, not fp32: test_greedy_chat_matches_llamacpp_alone")
     transformers = pytest.importorskip("transformers")
     import torch
 
@@ -106,6 +124,38 @@ def test_greedy_chat_matches_transformers(client):
         out = model.generate(ids, max_new_tokens=n, do_sample=False)
     want = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert got.choices[0].message.content == want
+
+
+def test_greedy_chat_matches_llamacpp_alone(client, runtime):
+    """Through the server (worker, scheduler, rings, detokenizer) greedy text equals a plain
+    greedy loop over the llamacpp runtime in this process (transformers-equality of the
+    runtime itself: test_llamacpp_runtime.py, on fp32 weights)."""
+    if not runtime.startswith("llamacpp"):
+        pytest.skip("the llamacpp server's check")
+    import numpy as np
+
+    from superfluid.runtimes.base import Feed
+    from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime
+
+    question = "What is the capital of France? Answer in one sentence."
+    n = 16
+    got = ask(client, question, temperature=0, max_tokens=n)
+    rt = LlamaCppRuntime(MODEL, max_batch=2, n_ctx=1024)
+    tok = rt.tokenizer
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True),
+                     add_special_tokens=False)
+    assert got.usage.prompt_tokens == len(ids)
+    s = rt.seq_create()
+    (row,) = rt.step([Feed(s, ids, True)])
+    out = []
+    for _ in range(n):
+        t = int(np.argmax(row))
+        if rt.is_eos(t):
+            break
+        out.append(t)
+        (row,) = rt.step([Feed(s, [t], True)])
+    rt.close()
+    assert got.choices[0].message.content == tok.decode(out)
 
 
 def test_completions_whole_and_streamed(client):

@@ -103,7 +103,7 @@ class ExecutorMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.rt = ToyRuntime(**self.RT)
+        self.rt = self.make_runtime()
         self.ex = Executor(self.rt)
         self.rings = self.ex.rings
         self.desc = self.ex.desc
@@ -112,6 +112,16 @@ class ExecutorMachine(RuleBasedStateMachine):
         self.next_tag = 1
         self.adopted: list = []  # (lease, tokens) of adopted sequences
         self.stats = dict(ok=0, replans=0, faults=0, evictions=0, seeded=0, rejects=0)
+
+    def make_runtime(self):
+        return ToyRuntime(**self.RT)
+
+    def check_row(self, row: np.ndarray, history: list[int]) -> None:
+        """A host lane's row is the model's row after its history (bit-exact on the toy)."""
+        np.testing.assert_array_equal(row, self.ref_row(history))
+
+    def check_greedy(self, token: int, history: list[int]) -> None:
+        assert token == hs.argmax(self.ref_row(history)), (history, token)
 
     def ref_row(self, history: list[int]) -> np.ndarray:
         """The toy model's row after ``history``, computed afresh: whatever path a lane
@@ -346,14 +356,14 @@ class ExecutorMachine(RuleBasedStateMachine):
                     assert e.logits_row.length == 1
                     row = self.rings.read_logits_row(e.logits_row)
                     assert row.shape == (self.desc.vocab_size,) and np.isfinite(row).all()
-                    np.testing.assert_array_equal(row, self.ref_row(m.prompt + m.emitted))
+                    self.check_row(row, m.prompt + m.emitted)
                     m.nonce = e.logits_row.generation
                 continue
             toks = self.rings.read_emits(e.token_ref)
             assert len(toks) == e.n_tokens
             assert all(0 <= t < self.desc.vocab_size for t in toks)
             for t in toks:  # greedy: each token is the argmax of the history's row
-                assert t == hs.argmax(self.ref_row(m.prompt + m.emitted)), (dec.lane_tag, m.emitted, toks)
+                self.check_greedy(t, m.prompt + m.emitted)
                 m.emitted.append(t)
             if e.finish == Finish.NONE:
                 assert len(toks) == dec.max_new_tokens

@@ -23,7 +23,7 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = ""
-    runtime: str = "torch"  # "torch" | "toy"
+    runtime: str = "torch"  # "torch" | "toy" | "llamacpp"
     dtype: str | None = None
     # torch: "auto" (a GGUF on CPU decodes on the native kernel nearest its own tensor types),
     # "none" (the reference numerics, as transformers), "q8_0" | "q4_1" (runtimes/torch/quant_choice.py)

@@ -32,7 +32,9 @@ class LLM:
         scheduler: SchedulerConfig = SchedulerConfig(),
         progress: bool = False,
         engine: Engine | None = None,
+        runtime_args: dict | None = None,
     ):
+        """runtime_args: more keyword arguments for the runtime (e.g. llamacpp's n_ctx)."""
         config = EngineConfig(
             model=model or "",
             runtime=runtime,
@@ -43,6 +45,7 @@ class LLM:
             deterministic=deterministic,
             progress=progress,
             scheduler=scheduler,
+            runtime_extra=tuple((runtime_args or {}).items()),
         )
         self.engine = engine if engine is not None else build_engine(config)
         self._ids = itertools.count()

@@ -39,7 +39,26 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
         kw["quant"] = config.quant
         kw.update(config.runtime_extra)
         return "torch", kw, name
-    raise ValueError(f"unknown runtime {config.runtime!r} (choose from toy, torch)")
+    if config.runtime == "llamacpp":
+        return _llamacpp_args(config)
+    raise ValueError(f"unknown runtime {config.runtime!r} (choose from toy, torch, llamacpp)")
+
+
+def _llamacpp_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
+    from ..models import DEFAULT_MODEL
+
+    if config.quant not in ("auto",) or config.dtype not in (None, "auto"):
+        raise ValueError("--quant and --dtype apply to the torch runtime (llama.cpp runs the file's own types)")
+    if config.deterministic:
+        raise ValueError("--deterministic needs the torch runtime (llama.cpp's rows depend on the batch)")
+    name = config.model or DEFAULT_MODEL
+    kw: dict[str, Any] = dict(model=name)
+    if config.kv_cache_mb:
+        kw["kv_cache_mb"] = config.kv_cache_mb
+    if config.max_batch:
+        kw["max_batch"] = config.max_batch
+    kw.update(config.runtime_extra)
+    return "llamacpp", kw, name
 
 
 def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
@@ -52,6 +71,10 @@ def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
     from ..tokenizer import Tokenizer
 
     path = resolve_model(kw["model"])
+    if kind == "llamacpp":  # ours, or llama.cpp's own for a vocabulary ours does not know
+        from ..runtimes.llamacpp.tokenizer import gguf_tokenizer
+
+        return gguf_tokenizer(path)
     return Tokenizer.from_gguf(path) if path.suffix == ".gguf" else Tokenizer.from_hf(path)
 
 
@@ -61,7 +84,11 @@ def build_engine(config: EngineConfig) -> Engine:
         from ..worker.client import WorkerClient, WorkerConfig
 
         client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout))
-        client.start()
+        try:
+            client.start()
+        except BaseException:
+            client.close()  # the rings and the pulse are shared memory: give them back
+            raise
         tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
         return Engine(client, client.rings, tokenizer, config, model_name=name)
 

@@ -141,9 +141,10 @@ class Planner:
         n_lanes = len(live)
         blocked = False  # a waiting request could not be admitted (FCFS: none after it)
         # n > 1: the first choice's prompt is cached as soon as it is prefilled (on a
-        # runtime whose copies share blocks), and its siblings wait for that, then fork
-        # from it instead of each prefilling the prompt.
-        forking = cfg.prefix_caching and limits.use_seeds and self.desc.copy_shares_cells and not self.desc.exact_only
+        # runtime whose copies share blocks; on a recurrent one as an exact checkpoint one
+        # token short of its end), and its siblings wait for that, then fork from it
+        # instead of each prefilling the prompt.
+        forking = cfg.prefix_caching and limits.use_seeds and (self.desc.copy_shares_cells or self.desc.exact_only)
         leaders = {r.group_id: r for r in list(view.waiting) + live if r.index == 0 and r.group_id}
         siblings = {r.group_id for r in view.waiting if r.index > 0}
         if not view.draining and not tick.short_of_cells:

@@ -152,8 +152,9 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
             raise FatalTick(ex.fatal("a prefill step's rows"))
         for f, row in zip(wanted, got):
             st.rows[f.tag] = row
-        for tag in checkpoints:
-            checkpoint_prompt(ex, tag)
+        for tag in checkpoints:  # a prompt whose forks wait for it is worth a checkpoint at any length
+            lane = ex.lanes.get(tag)
+            checkpoint_prompt(ex, tag, min_tokens=1 if lane is not None and lane.publish_prompt else CHECKPOINT_MIN_TOKENS)
         for tag in publishes:
             checkpoint_prompt(ex, tag, min_tokens=1)
     st.prefill_ns = time.perf_counter_ns() - t0

@@ -19,7 +19,17 @@ def _torch(**kw: Any) -> RuntimePrimitives:
     return load_runtime(**kw)
 
 
-RUNTIMES: dict[str, Callable[..., RuntimePrimitives]] = {"toy": _toy, "torch": _torch}
+def _llamacpp(**kw: Any) -> RuntimePrimitives:
+    try:
+        import llama_cpp  # noqa: F401  (an optional extra)
+    except ImportError as e:
+        raise ValueError(f"the llamacpp runtime needs llama-cpp-python (pip install '.[llamacpp]'): {e}") from None
+    from .llamacpp import load_runtime
+
+    return load_runtime(**kw)
+
+
+RUNTIMES: dict[str, Callable[..., RuntimePrimitives]] = {"toy": _toy, "torch": _torch, "llamacpp": _llamacpp}
 
 
 def build_runtime(kind: str, **kw: Any) -> RuntimePrimitives:

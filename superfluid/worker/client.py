@@ -108,7 +108,17 @@ class WorkerClient:
         self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], start_new_session=True, env=env)
         child.close()
         self.sock = parent
-        info = self._call("describe", [], timeout=self.config.load_timeout)
+        try:
+            info = self._call("describe", [], timeout=self.config.load_timeout)
+        except WorkerLost as e:
+            if self.epoch > 0:
+                raise  # restart() retries
+            # The model is loaded in the worker so that a loader that aborts the process
+            # (llama.cpp does on some malformed files) is this clean error, not a dead server.
+            self.state = "failed"
+            model = dict(self.config.runtime_args).get("model", "the model")
+            raise WorkerFailed(f"{model}: the worker died while loading it ({e}); "
+                               f"the {self.config.runtime} runtime cannot load this file") from None
         names = {f.name for f in fields(RuntimeDesc)}
         self.desc = RuntimeDesc(**{k: v for k, v in info["desc"].items() if k in names})
         if self.rings is None:

@@ -107,12 +107,12 @@ def quantize_tensor(arr: np.ndarray, qtype: Q) -> np.ndarray:
     return quantize(arr.astype(np.float32), qtype)
 
 
-def _write_tokenizer(w: GGUFWriter, tokenizer: str) -> int:
-    """Tokenizer metadata; returns the vocabulary size."""
+def _write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int:
+    """Tokenizer metadata; returns the vocabulary size. ``pre``: the BPE pre-tokenizer's name."""
     if tokenizer == "gpt2":
         tokens, types, merges = tiny_vocab()
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
+        w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types(types)
         w.add_token_merges(merges)
@@ -143,7 +143,7 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2,
                     qtype: Q = Q.F32, qtypes: dict[str, Q] | None = None, tokenizer: str = "gpt2",
                     tied: bool = True, seed: int = 0, skip: tuple[str, ...] = (),
                     shapes: dict[str, tuple[int, ...]] | None = None, raw_types: dict[str, Q] | None = None,
-                    meta: dict[str, str | int | float | bool] | None = None) -> Path:
+                    meta: dict[str, str | int | float | bool] | None = None, tokenizer_pre: str = "default") -> Path:
     """``qtype``: the type of every matrix (vectors stay F32, as llama.cpp keeps norms);
     ``qtypes``: per-tensor overrides; ``raw_types``: tensors written as random bytes of that
     ggml type (any type, even ones nobody can quantize to: for files a loader must reject);
@@ -160,7 +160,7 @@ def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2,
     w.add_head_count_kv(n_kv_heads)
     w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5)
-    vocab = _write_tokenizer(w, tokenizer)
+    vocab = _write_tokenizer(w, tokenizer, tokenizer_pre)
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(hidden // n_heads)
     for key, value in (meta or {}).items():  # bool before int: True is an int too
