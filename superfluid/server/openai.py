@@ -23,7 +23,7 @@ from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStr
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
 from ..engine.scheduler import GRAMMAR_DEAD_END
-from . import render
+from . import chat as chat_api, render
 from .errors import APIError, install_error_handlers
 from .deadline import DEADLINE_CODE, deadline_s, message, with_deadline
 from .limits import BodyLimit, Limits, prompt_char_cap
@@ -236,15 +236,7 @@ def create_app(
     async def chat(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
         params = _params(chat_params, body)
-        if not body.messages:
-            raise APIError(400, "messages must not be empty", "messages", "invalid_value")
-        # OpenAI's developer role is the system role of chat templates
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        check_chars(sum(len(m["content"]) for m in messages), "messages")
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
-        except Exception as e:  # a template that rejects the conversation (roles, order)
-            raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
+        text, tools, params = chat_api.prepare(body, tokenizer, params, check_chars)
         ids = tokenizer.encode(text, add_special_tokens=False)
         validate(ids, params)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -254,7 +246,8 @@ def create_app(
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
-            return _sse(_stream_chat(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded))
+            return _sse(chat_api.stream(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded,
+                                    tools))
         choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
         return {
             "id": rid,
@@ -264,13 +257,14 @@ def create_app(
             "choices": [
                 {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
+                    "message": msg,
                     "logprobs": render.chat_logprobs(tokenizer, c.token_ids, c.logprobs, k)
                     if params.logprobs is not None
                     else None,
-                    "finish_reason": render.finish_reason(c.finish_reason),
+                    "finish_reason": reason,
                 }
                 for c in choices
+                for msg, reason in [chat_api.message(c, tools)]
             ],
             "usage": usage.body(),
         }
@@ -312,36 +306,6 @@ async def _stream_completion(streams, n, rid, created, name, tokenizer, k, inclu
             yield render.sse(chunk)
         if d.finish_reason is not None:
             usage.add_final(d)
-    if include_usage:
-        yield render.sse(dict(base, choices=[], usage=usage.body()))
-    yield render.sse("[DONE]")
-
-
-async def _stream_chat(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged):
-    usage = render.Usage()
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name}
-
-    def chunk(idx: int, delta: dict, finish=None, logprobs=None) -> str:
-        c = dict(base, choices=[{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
-        if include_usage:
-            c["usage"] = None
-        return render.sse(c)
-
-    for idx in range(n * len(streams)):
-        yield chunk(idx, {"role": "assistant", "content": ""})
-    async for idx, d in merged(streams, n):
-        if d.finish_reason == "error":
-            yield _error_event(d)
-            continue
-        if d.text or d.token_ids:
-            lp = None
-            if params.logprobs is not None and d.token_ids:
-                lp = render.chat_logprobs(tokenizer, d.token_ids, d.logprobs, k)
-            if d.text or lp:
-                yield chunk(idx, {"content": d.text}, logprobs=lp)
-        if d.finish_reason is not None:
-            usage.add_final(d)
-            yield chunk(idx, {}, finish=render.finish_reason(d.finish_reason))
     if include_usage:
         yield render.sse(dict(base, choices=[], usage=usage.body()))
     yield render.sse("[DONE]")

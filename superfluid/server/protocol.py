@@ -14,6 +14,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.params import GrammarSpec, ParamError, SamplingParams
+from .tool_models import AssistantToolCall, Tool, ToolChoice
 
 
 class _Lenient(BaseModel):
@@ -77,7 +78,7 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(_Lenient):
-    type: str = "text"
+    type: str = "text"  # only "text" is served; others are a 400 naming them (messages.py)
     text: str | None = None
 
 
@@ -85,13 +86,8 @@ class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]  # anything else: 400 naming messages.N.role
     content: str | list[ContentPart] | None = None
     name: str | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text or "" for p in self.content if p.type == "text")
+    tool_calls: list[AssistantToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # a tool result names the call it answers
 
 
 class ChatCompletionRequest(_Sampling):
@@ -100,6 +96,10 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    metadata: dict[str, Any] | None = None  # accepted and ignored, as `user` is
 
 
 # ------------------------------------------------------------------ translation
