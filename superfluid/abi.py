@@ -139,6 +139,9 @@ class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     # runs on: the other choices of an n > 1 request fork from it. (An extension of the
     # reference, which checkpoints prompts on recurrent runtimes only.)
     publish_prompt: bool = False
+    # 0: none; k + 1: each prompt token's logprob (from the prefill's rows) plus the top k.
+    # Scored where the lane prefills: a seeded prefix has no rows (the scheduler leases none).
+    want_prompt_logprobs: int = 0
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, array_like=True):
@@ -256,6 +259,17 @@ class LaneLogprob(msgspec.Struct, frozen=True, array_like=True):
     top_logprobs: list[float] = []
 
 
+class PromptLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """Prompt token ``position`` (>= 1) scored by the row of the position before it."""
+
+    lane_tag: int
+    position: int
+    token_id: int
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class TickEvents(msgspec.Struct, frozen=True):
     plan_seq: int
     tick_status: int
@@ -267,6 +281,7 @@ class TickEvents(msgspec.Struct, frozen=True):
     timings: TickTimings
     mem: TickMemCounters
     logprobs: list[LaneLogprob]
+    prompt_logprobs: list[PromptLogprob] = []
 
 
 class TickOutcome(msgspec.Struct, frozen=True):

@@ -189,6 +189,7 @@ class Planner:
                         seed_handle=seed.handle if seed else 0,
                         determinism_class=cfg.determinism_class,
                         want_logprobs=p.want_logprobs(),
+                        want_prompt_logprobs=p.want_prompt_logprobs(),
                         publish_prompt=forking and req.index == 0 and req.group_id in siblings,
                     )
                 )

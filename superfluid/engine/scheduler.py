@@ -127,6 +127,8 @@ class Scheduler:
         leases: dict[int, Seed | None] = {}  # one lease per request across re-plans
 
         def lease(req: Request) -> Seed | None:
+            if req.params.prompt_logprobs is not None:
+                return None  # every prompt token is scored from a row of its own prefill
             if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
                 # A cached prefix was computed along another path (chunking, batch company):
                 # on a runtime whose rows depend on that, a seeded request prefills afresh so
@@ -216,7 +218,7 @@ class Scheduler:
             if lane_tag in admitted:  # usage may go out with this very token
                 self._count_admission(admitted[lane_tag])
             # Requests that want logprobs wait for the tick's end, where logprobs come.
-            if req is None or req.is_finished or req.params.logprobs is not None:
+            if req is None or req.is_finished or req.params.logprobs is not None or req.params.prompt_logprobs is not None:
                 return
             streamed[lane_tag] = streamed.get(lane_tag, 0) + 1
             req.replay_pending = False
@@ -286,6 +288,11 @@ class Scheduler:
                 else:
                     self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
                 upd(req).finished = True
+
+        for plp in events.prompt_logprobs:
+            req = self.running.get(plp.lane_tag)
+            if req is not None:
+                req.prompt_scores[plp.position] = plp
 
         logprobs: dict[int, list[abi.LaneLogprob]] = {}
         for lp in events.logprobs:

@@ -30,6 +30,7 @@ class Lane:
     grammar: object | None = None  # grammar.LaneGrammar
     spec: object | None = None  # speculate.LaneSpec
     publish_prompt: bool = False  # cache the prompt once prefilled (forks share it)
+    prompt_logprobs_top: int | None = None  # prompt tokens scored from the prefill's rows
 
     def ingested(self) -> int:
         return len(self.committed) - (self.pending_input is not None)

@@ -18,6 +18,7 @@ from ..abi import (
     LaneEmit,
     LaneFault,
     LaneLogprob,
+    PromptLogprob,
     Sampling,
     ShedEntry,
     ShedKind,
@@ -75,6 +76,7 @@ class TickState:
     evictions: int = 0
     bytes_evicted: int = 0
     logprobs: list[LaneLogprob] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
     emits: list[LaneEmit] = field(default_factory=list)
     rows: dict = field(default_factory=dict)  # lane -> row waiting to be sampled
     yielded: bool = False  # the prefill stopped early on a yield
@@ -317,6 +319,7 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
         grammar=ex.grammars.borrow(a.grammar_handle, cursor) if cursor is not None else None,
         spec=LaneSpec.new(ex.strategy) if drafts else None,
         publish_prompt=a.publish_prompt,
+        prompt_logprobs_top=(a.want_prompt_logprobs - 1) if a.want_prompt_logprobs > 0 else None,
     )
     st.admit_results.append(
         AdmitResult(
@@ -414,4 +417,5 @@ def _events(ex: "Executor", st: TickState, t_start: int) -> TickEvents:
             tentative_bytes=0,
         ),
         logprobs=st.logprobs,
+        prompt_logprobs=st.prompt_logprobs,
     )

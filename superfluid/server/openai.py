@@ -23,7 +23,7 @@ from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStr
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
 from ..engine.scheduler import GRAMMAR_DEAD_END
-from . import chat as chat_api, render
+from . import chat as chat_api, completion_extras, render, tokenize_routes
 from .errors import APIError, install_error_handlers
 from .deadline import DEADLINE_CODE, deadline_s, message, with_deadline
 from .limits import BodyLimit, Limits, prompt_char_cap
@@ -185,6 +185,8 @@ def create_app(
             ],
         }
 
+    tokenize_routes.install(app, core, name, check_chars)
+
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -193,17 +195,25 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         params = _params(completion_params, body)
-        prompts = []
+        prompts, echoes = [], []
         try:
+            extras = completion_extras.plan(body, core.config.max_n)
+            params = extras.params(params)
             raw = completion_prompts(body)
+            if body.suffix:
+                raw = [completion_extras.fim_prompt(tokenizer, p, body.suffix) for p in raw]
         except ParamError as e:
             raise APIError(400, str(e), e.param, "invalid_value") from None
+        if body.echo and body.logprobs is not None:
+            params = params.with_(prompt_logprobs=params.logprobs)
         for p in raw:
             if isinstance(p, str):
                 check_chars(len(p), "prompt")
             ids = tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
             validate(ids, params)
             prompts.append(ids)
+            if body.echo:
+                echoes.append(completion_extras.Echo(p if isinstance(p, str) else tokenizer.decode(ids, skip_special_tokens=False), ids))
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         streams = await submit_all(rid, prompts, params)
@@ -211,8 +221,14 @@ def create_app(
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
-            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded))
+            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded,
+                                           echoes))
         choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
+        choices = extras.select(choices, len(prompts))
+        show_logprobs = body.logprobs is not None
+        for c in choices:
+            if echoes:
+                echoes[c.index // body.n].prepend(tokenizer, c, k if show_logprobs else None)
         return {
             "id": rid,
             "object": "text_completion",
@@ -222,8 +238,8 @@ def create_app(
                 {
                     "index": c.index,
                     "text": c.text,
-                    "logprobs": render.completion_logprobs(tokenizer, c.token_ids, c.logprobs, k)
-                    if params.logprobs is not None
+                    "logprobs": c.logprobs_body or render.completion_logprobs(tokenizer, c.token_ids, c.logprobs, k)
+                    if show_logprobs
                     else None,
                     "finish_reason": render.finish_reason(c.finish_reason),
                 }
@@ -287,7 +303,7 @@ def _error_event(d: Delta) -> str:
     return render.sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None, "code": "internal_error"}})
 
 
-async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged):
+async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged, echoes=()):
     usage = render.Usage()
     offsets: dict[int, int] = {}
     base = {"id": rid, "object": "text_completion", "created": created, "model": name}
@@ -295,6 +311,14 @@ async def _stream_completion(streams, n, rid, created, name, tokenizer, k, inclu
         if d.finish_reason == "error":
             yield _error_event(d)
             continue
+        if echoes and idx not in offsets:  # the prompt comes first (with its logprobs, on its first delta)
+            echo = echoes[idx // n]
+            lp = echo.logprobs(tokenizer, d.prompt_logprobs, k) if params.logprobs is not None else None
+            offsets[idx] = len(echo.text)
+            chunk = dict(base, choices=[{"index": idx, "text": echo.text, "logprobs": lp, "finish_reason": None}])
+            if include_usage:
+                chunk["usage"] = None
+            yield render.sse(chunk)
         lp = None
         if params.logprobs is not None and d.token_ids:
             lp = render.completion_logprobs(tokenizer, d.token_ids, d.logprobs, k, offsets.get(idx, 0))

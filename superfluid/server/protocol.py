@@ -161,12 +161,7 @@ def _common(req: _Sampling, max_tokens: int | None, logprobs: int | None, defaul
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    if req.best_of is not None and req.best_of != req.n:
-        raise ParamError("best_of other than n is not supported", "best_of")
-    if req.echo:
-        raise ParamError("echo is not supported", "echo")
-    if req.suffix:
-        raise ParamError("suffix is not supported", "suffix")
+    # best_of, echo and suffix: completion_extras.py
     if req.logprobs is not None and req.logprobs < 0:
         raise ParamError("logprobs must be non-negative", "logprobs")
     return _common(req, req.max_tokens, req.logprobs, default_max=16)

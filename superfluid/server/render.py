@@ -19,8 +19,12 @@ class Choice:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    prompt_logprobs: list | None = None
+    logprobs_body: dict | None = None  # set when the body is not the tokens' own (echo)
 
     def add(self, d: Delta) -> None:
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
         self.text += d.text
         self.token_ids += d.token_ids
         self.logprobs += d.logprobs
