@@ -54,6 +54,8 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None  # None: none; k: chosen token plus the top k
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob plus the top k
+    prompt_cache_key: str | None = None  # requests sharing it share protected cache entries (cache_keys.py)
+    prompt_cache_retention: str | None = None  # "in_memory" | "24h"
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: GrammarSpec | None = None
     skip_special_tokens: bool = True
@@ -104,6 +106,9 @@ class SamplingParams:
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
             raise ParamError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
                              "logprobs")
+        from .cache_keys import check as check_cache_key
+
+        check_cache_key(self.prompt_cache_key, self.prompt_cache_retention)
         if any(not s for s in self.stop):
             raise ParamError("stop strings must not be empty", "stop")
         if len(self.stop) > MAX_STOP:

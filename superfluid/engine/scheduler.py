@@ -27,6 +27,7 @@ import msgspec
 from .. import abi
 from .config import SchedulerConfig
 from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
+from ..executor.cache import Retention
 from .request import FinishReason, Request, Status
 
 
@@ -58,6 +59,10 @@ class SchedulerStats:
     spec_accepted: int = 0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
+    # per retention class ("none", "in_memory", "24h"): admissions a seed served, and the
+    # cache's resident / protected / exported bytes after the last tick
+    cache_hits: dict = field(default_factory=dict)
+    cache_bytes: dict = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:
@@ -83,6 +88,7 @@ class Scheduler:
         self._orphan_cells = 0  # what retiring them gives back (estimate)
         self._free_cells: int | None = None
         self._failed: list[Request] = []  # failed while re-planning; reported by the step
+        self._protected_quota = 0  # bytes of keyed cache entries the plans protect
         self.draining = False
         self.stats = SchedulerStats()
 
@@ -136,7 +142,8 @@ class Scheduler:
                 return None
             if id(req) not in leases:
                 got = self.ex.lease_seed(
-                    req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class
+                    req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class,
+                    **({"cache_key": req.cache_key} if req.cache_key else {}),
                 )
                 leases[id(req)] = Seed(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
             return leases[id(req)]
@@ -167,6 +174,8 @@ class Scheduler:
             self.rings.set_latency_wanted(tick.latency_sensitive)
             streamed: dict[int, int] = {}
             callback = None
+            if self._protected_quota:
+                tick.plan = msgspec.structs.replace(tick.plan, protected_quota_bytes=self._protected_quota)
             if on_token is not None and self.config.partial_emits and tick.decodes:
                 tick.plan = msgspec.structs.replace(tick.plan, flags=tick.plan.flags | abi.TickFlag.PARTIAL_EMITS)
                 callback = self._partial_callback(tick, on_token, streamed)
@@ -333,6 +342,9 @@ class Scheduler:
         if not req.admitted_once:
             req.admitted_once = True
             req.cached_tokens = min(adm.seed.prefix_len if adm.seed else 0, len(req.prompt_token_ids))
+            if req.cached_tokens:
+                name = Retention.NAMES.get(req.cache_retention, "none")
+                self.stats.cache_hits[name] = self.stats.cache_hits.get(name, 0) + 1
             self.stats.prompt_tokens += len(req.prompt_token_ids)
 
     def _accept(self, req: Request, token: int) -> bool:
@@ -349,6 +361,7 @@ class Scheduler:
     def _note_memory(self, mem: abi.TickMemCounters) -> None:
         self.stats.kv_blocks_total = mem.pool_blocks_total
         self.stats.kv_blocks_used = mem.pool_blocks_used
+        self._note_cache_classes(mem)
         if mem.pool_blocks_total == 0:
             self._free_cells = None  # the runtime does not count cells: NeedsReplan decides
             return
@@ -356,6 +369,19 @@ class Scheduler:
         evictable = mem.pool_bytes_evictable // self.desc.cell_bytes if self.desc.cell_bytes else 0
         free = (mem.pool_blocks_total - mem.pool_blocks_used) * page + evictable
         self._free_cells = free - int(self.config.kv_watermark * mem.pool_blocks_total * page)
+
+    def _note_cache_classes(self, mem: abi.TickMemCounters) -> None:
+        """Per-class bytes for metrics, and the next plans' protected quota: keyed
+        entries are kept up to a share of the pool, never more than they hold (the
+        quota also keeps that much cache resident, which unkeyed entries must not get)."""
+        keyed = 0
+        for c in mem.cache_classes:
+            self.stats.cache_bytes[Retention.NAMES.get(c.retention, str(c.retention))] = (
+                c.resident_bytes, c.protected_bytes, c.exported_bytes)
+            if c.retention != Retention.NONE:
+                keyed += c.resident_bytes
+        pool = mem.pool_blocks_total * self.desc.page * self.desc.cell_bytes
+        self._protected_quota = min(int(pool * self.config.cache_protected_fraction), keyed)
 
     # ------------------------------------------------------------ memory pressure
     def _relieve(self, tick: ScheduledTick, limits: Limits) -> Limits:

@@ -83,7 +83,7 @@ def checkpoint_prompt(ex: "Executor", tag: int, min_tokens: int = CHECKPOINT_MIN
         ex.prim.seq_free(dst)
         unless_fatal(ex, e, "publishing a prompt (copy)")
         return
-    ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count)
+    ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count, lane.cache_key, lane.cache_retention)
 
 
 def prefill_phase(ex: "Executor", st: TickState) -> None:

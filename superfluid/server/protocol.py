@@ -67,6 +67,8 @@ class _Sampling(_Lenient):
     guided_json: dict[str, Any] | str | None = None
     priority: int = 0
     timeout: float | None = Field(default=None, gt=0)  # extension: a wall-clock deadline, seconds
+    prompt_cache_key: str | None = None  # requests sharing a key share protected cache entries
+    prompt_cache_retention: str | None = None  # "in_memory" | "24h" (engine/cache_keys.py)
 
 
 class CompletionRequest(_Sampling):
@@ -157,6 +159,8 @@ def _common(req: _Sampling, max_tokens: int | None, logprobs: int | None, defaul
         grammar=_grammar(req),
         skip_special_tokens=req.skip_special_tokens,
         priority=req.priority,
+        prompt_cache_key=req.prompt_cache_key,
+        prompt_cache_retention=req.prompt_cache_retention,
     )
 
 
