@@ -143,8 +143,11 @@ def test_a_tool_round_trip_renders_through_the_fallback(client, server):
     r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, tool_choice="none",
                                        temperature=0, max_tokens=24)
     assert r.choices[0].message.content
+    # /tokenize renders as the chat endpoint does: with tool_choice none the tools are not shown
+    unshown = httpx.post(server.base + "/tokenize", json={"messages": messages, "tools": TOOLS, "tool_choice": "none"}).json()
+    assert unshown["count"] == r.usage.prompt_tokens
     tok = httpx.post(server.base + "/tokenize", json={"messages": messages, "tools": TOOLS}).json()
-    assert tok["count"] == r.usage.prompt_tokens - 0 or tok["count"] > 0
+    assert tok["count"] > unshown["count"]
     text = httpx.post(server.base + "/detokenize", json={"tokens": tok["tokens"]}).json()["prompt"]
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>' in text
     assert '<tool_response>\n{"temperature": 21, "sky": "clear"}\n</tool_response>' in text
@@ -210,7 +213,7 @@ def test_tokenize_and_detokenize(client, server):
 # ------------------------------------------------------------------ completions extras
 
 
-def test_echo_with_prompt_logprobs(client):
+def test_echo_with_prompt_logprobs(client, server):
     prompt = "The capital of France is"
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, logprobs=2)
     r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, logprobs=2, echo=True)
@@ -224,7 +227,7 @@ def test_echo_with_prompt_logprobs(client):
     assert lp.token_logprobs[n_prompt:] == pytest.approx(p.logprobs.token_logprobs)
     assert lp.text_offset[n_prompt] == len(prompt)
     # a prompt token's logprob is the one the model gives it as the next token of the prefix before it
-    ids = httpx.post(str(client.base_url).replace("/v1/", "/tokenize"), json={"prompt": prompt}).json()["tokens"]
+    ids = httpx.post(server.base + "/tokenize", json={"prompt": prompt}).json()["tokens"]
     nxt = client.completions.create(model=MODEL, prompt=ids[:3], max_tokens=1, temperature=0, logprobs=5)
     top = nxt.choices[0].logprobs.top_logprobs[0]
     if lp.tokens[3] in top:

@@ -9,8 +9,8 @@ Invariants:
 - Keyed entries (a request's ``prompt_cache_key``, hashed to ``key``) are **protected**
   while they fit the plan's protected quota, most recently used first: eviction never
   picks a protected entry (unless nothing else is live: see capacity.py), so a burst of
-  unkeyed traffic cannot push a keyed prefix out. Keyed entries past the quota go after
-  every unkeyed one.
+  unkeyed traffic cannot push a keyed prefix out. Past the quota a keyed entry is an
+  entry like the others (least recently used first).
 """
 
 from __future__ import annotations
@@ -116,11 +116,10 @@ class PrefixCache:
         return frozenset(out)
 
     def eviction_order(self, protected: frozenset[int] = frozenset()) -> list[CacheEntry]:
-        """Resident, unpinned, unprotected entries: unkeyed before keyed, then least
-        recently used first (oldest entry on ties)."""
+        """Resident, unpinned, unprotected entries, least recently used first (oldest entry on ties)."""
         return sorted(
             (e for e in self.entries if e.seq is not None and e.pins == 0 and e.entry_id not in protected),
-            key=lambda e: (e.key != 0, e.last_used, e.entry_id),
+            key=lambda e: (e.last_used, e.entry_id),
         )
 
     def plan_evict_until(
