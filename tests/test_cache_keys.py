@@ -55,6 +55,15 @@ def test_a_keyed_prefix_survives_a_flood_that_evicts_an_unkeyed_one():
     assert stats.cache_hits["in_memory"] == 1 and stats.cache_bytes["in_memory"][1] > 0
 
 
+def test_a_burst_admitted_at_once_does_not_evict_a_keyed_prefix():
+    llm, rng = make_llm(), random.Random(3)
+    keyed = prompt(rng)
+    run(llm, keyed, prompt_cache_key="tenant")
+    burst = [prompt(rng) for _ in range(12)]  # one generate call: admitted together, as the pool allows
+    llm.generate(burst, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert run(llm, keyed, prompt_cache_key="tenant")[0] >= PROMPT - 4
+
+
 def test_without_a_key_the_same_flood_evicts_it():
     llm, rng = make_llm(), random.Random(1)
     first = prompt(rng)

@@ -200,7 +200,8 @@ class Scheduler:
             self.rings.write_prompt,
         )
         # Only the retires: running lanes make no progress in this tick.
-        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], flags=0)
+        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], flags=0,
+                                            protected_quota_bytes=self._protected_quota)
         tick.prefills, tick.decodes = {}, {}
         out = self.ex.run_tick(tick.plan)
         if out.status != abi.Status.OK:

@@ -120,9 +120,9 @@ def check_capacity(ex: "Executor", plan: TickPlan, chk: Checked) -> Capacity:
 
     # The quota keeps that many bytes of cache resident (the reference's rule), and the
     # keyed entries within it are the ones kept. Except when no lane would be left to
-    # finish and make room: then a request that fits only without them gets it.
+    # finish and make room: then a single request that fits only without them gets it.
     protected = ex.cache.protected(plan.protected_quota_bytes)
-    lone = len(ex.lanes) - len(chk.live_retires) == 0
+    lone = len(ex.lanes) - len(chk.live_retires) == 0 and len(plan.admits) <= 1
     quota_limit = min(plan.max_evict_bytes, max(ex.cache.resident_bytes() - plan.protected_quota_bytes, 0))
 
     def room(need: int, short: int) -> list[CacheEntry] | None:
