@@ -44,3 +44,24 @@ def retention_class(key: str | None, retention: str | None) -> int:
 
 def class_name(key: str | None, retention: str | None) -> str:
     return Retention.NAMES[retention_class(key, retention)]
+
+
+# ------------------------------------------------------------------ the scheduler's side
+
+
+def count_hit(hits: dict[str, int], retention: int) -> None:
+    name = Retention.NAMES.get(retention, "none")
+    hits[name] = hits.get(name, 0) + 1
+
+
+def note_classes(out: dict, mem, pool_bytes: int, fraction: float) -> int:
+    """Record per-class (resident, protected, exported) bytes from a tick's memory
+    counters; return the next plans' protected quota: keyed entries are kept up to a
+    share of the pool and never more than they hold (the quota also keeps that much
+    cache resident, which unkeyed entries must not be given)."""
+    keyed = 0
+    for c in mem.cache_classes:
+        out[Retention.NAMES.get(c.retention, str(c.retention))] = (c.resident_bytes, c.protected_bytes, c.exported_bytes)
+        if c.retention != Retention.NONE:
+            keyed += c.resident_bytes
+    return min(int(pool_bytes * fraction), keyed)

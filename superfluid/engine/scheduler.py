@@ -27,7 +27,7 @@ import msgspec
 from .. import abi
 from .config import SchedulerConfig
 from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
-from ..executor.cache import Retention
+from . import cache_keys
 from .request import FinishReason, Request, Status
 
 
@@ -344,8 +344,7 @@ class Scheduler:
             req.admitted_once = True
             req.cached_tokens = min(adm.seed.prefix_len if adm.seed else 0, len(req.prompt_token_ids))
             if req.cached_tokens:
-                name = Retention.NAMES.get(req.cache_retention, "none")
-                self.stats.cache_hits[name] = self.stats.cache_hits.get(name, 0) + 1
+                cache_keys.count_hit(self.stats.cache_hits, req.cache_retention)
             self.stats.prompt_tokens += len(req.prompt_token_ids)
 
     def _accept(self, req: Request, token: int) -> bool:
@@ -362,7 +361,8 @@ class Scheduler:
     def _note_memory(self, mem: abi.TickMemCounters) -> None:
         self.stats.kv_blocks_total = mem.pool_blocks_total
         self.stats.kv_blocks_used = mem.pool_blocks_used
-        self._note_cache_classes(mem)
+        pool = mem.pool_blocks_total * self.desc.page * self.desc.cell_bytes
+        self._protected_quota = cache_keys.note_classes(self.stats.cache_bytes, mem, pool, self.config.cache_protected_fraction)
         if mem.pool_blocks_total == 0:
             self._free_cells = None  # the runtime does not count cells: NeedsReplan decides
             return
@@ -370,19 +370,6 @@ class Scheduler:
         evictable = mem.pool_bytes_evictable // self.desc.cell_bytes if self.desc.cell_bytes else 0
         free = (mem.pool_blocks_total - mem.pool_blocks_used) * page + evictable
         self._free_cells = free - int(self.config.kv_watermark * mem.pool_blocks_total * page)
-
-    def _note_cache_classes(self, mem: abi.TickMemCounters) -> None:
-        """Per-class bytes for metrics, and the next plans' protected quota: keyed
-        entries are kept up to a share of the pool, never more than they hold (the
-        quota also keeps that much cache resident, which unkeyed entries must not get)."""
-        keyed = 0
-        for c in mem.cache_classes:
-            self.stats.cache_bytes[Retention.NAMES.get(c.retention, str(c.retention))] = (
-                c.resident_bytes, c.protected_bytes, c.exported_bytes)
-            if c.retention != Retention.NONE:
-                keyed += c.resident_bytes
-        pool = mem.pool_blocks_total * self.desc.page * self.desc.cell_bytes
-        self._protected_quota = min(int(pool * self.config.cache_protected_fraction), keyed)
 
     # ------------------------------------------------------------ memory pressure
     def _relieve(self, tick: ScheduledTick, limits: Limits) -> Limits:
