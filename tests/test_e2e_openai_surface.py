@@ -241,6 +241,15 @@ def test_echo_with_prompt_logprobs(client, server):
                 tokens += chunk.choices[0].logprobs.tokens
                 lps += chunk.choices[0].logprobs.token_logprobs
     assert text == c.text and tokens == lp.tokens and lps == pytest.approx(lp.token_logprobs)
+    # echo with max_tokens 0 scores the prompt alone (lm-eval's loglikelihood requests)
+    score = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    s = score.choices[0]
+    assert s.text == prompt and s.logprobs.tokens == lp.tokens[:n_prompt]
+    assert s.logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:n_prompt])
+    assert score.usage.completion_tokens == 0 and s.finish_reason == "length"
+    streamed = [ch.choices[0] for ch in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=0, logprobs=1, echo=True, stream=True) if ch.choices]
+    assert "".join(ch.text for ch in streamed) == prompt and streamed[-1].finish_reason == "length"
     # echo without logprobs: the text only
     e = client.completions.create(model=MODEL, prompt=[prompt, "Two plus two is"], max_tokens=3, temperature=0, echo=True)
     assert e.choices[0].text.startswith(prompt) and e.choices[1].text.startswith("Two plus two is")

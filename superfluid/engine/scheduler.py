@@ -143,7 +143,7 @@ class Scheduler:
             if id(req) not in leases:
                 got = self.ex.lease_seed(
                     req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class,
-                    **({"cache_key": req.cache_key} if req.cache_key else {}),
+                    cache_key=req.cache_key,
                 )
                 leases[id(req)] = Seed(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
             return leases[id(req)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from typing import AsyncIterator
@@ -206,6 +207,11 @@ def create_app(
             raise APIError(400, str(e), e.param, "invalid_value") from None
         if body.echo and body.logprobs is not None:
             params = params.with_(prompt_logprobs=params.logprobs)
+        # echo with max_tokens 0 scores the prompt (lm-eval's loglikelihood): one token is
+        # generated, for the engine needs one, and nothing of it is shown or counted
+        score_only = body.echo and body.max_tokens == 0
+        if score_only:
+            params = params.with_(max_tokens=1)
         for p in raw:
             if isinstance(p, str):
                 check_chars(len(p), "prompt")
@@ -222,11 +228,15 @@ def create_app(
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
             return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded,
-                                           echoes))
+                                           echoes, score_only))
         choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
         choices = extras.select(choices, len(prompts))
         show_logprobs = body.logprobs is not None
+        if score_only:
+            usage.completion_tokens = 0
         for c in choices:
+            if score_only:
+                c.text, c.token_ids, c.logprobs, c.finish_reason = "", [], [], "length"
             if echoes:
                 echoes[c.index // body.n].prepend(tokenizer, c, k if show_logprobs else None)
         return {
@@ -303,7 +313,8 @@ def _error_event(d: Delta) -> str:
     return render.sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None, "code": "internal_error"}})
 
 
-async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged, echoes=()):
+async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged, echoes=(),
+                             score_only=False):
     usage = render.Usage()
     offsets: dict[int, int] = {}
     base = {"id": rid, "object": "text_completion", "created": created, "model": name}
@@ -319,6 +330,9 @@ async def _stream_completion(streams, n, rid, created, name, tokenizer, k, inclu
             if include_usage:
                 chunk["usage"] = None
             yield render.sse(chunk)
+        if score_only:  # the prompt alone: the generated token is not shown nor counted
+            finish = "length" if d.finish_reason else None
+            d = dataclasses.replace(d, text="", token_ids=[], logprobs=[], completion_tokens=0, finish_reason=finish)
         lp = None
         if params.logprobs is not None and d.token_ids:
             lp = render.completion_logprobs(tokenizer, d.token_ids, d.logprobs, k, offsets.get(idx, 0))
