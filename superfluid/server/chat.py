@@ -28,7 +28,10 @@ def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, chec
     except Exception as e:  # a template that rejects the conversation (roles, order)
         raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
     if plan is not None and plan.constrained:
-        params = params.with_(grammar=plan.grammar())
+        try:
+            params = params.with_(grammar=plan.grammar())
+        except (RuntimeError, ValueError) as e:  # each schema compiled alone; their union did not
+            raise APIError(400, f"the tools' schemas do not combine into one grammar: {e}", "tools", "invalid_value") from None
     return text, plan, params
 
 
@@ -68,7 +71,7 @@ async def stream(streams, n, rid, created, name, tokenizer, k, include_usage, pa
         yield chunk(idx, {"role": "assistant", "content": ""})
     async for idx, d in merged(streams, n):
         if d.finish_reason == "error":
-            yield _error_event(d)
+            yield render.error_event(d)
             continue
         p = parser(idx)
         if d.text or d.token_ids:
@@ -96,6 +99,3 @@ async def stream(streams, n, rid, created, name, tokenizer, k, include_usage, pa
         yield render.sse(dict(base, choices=[], usage=usage.body()))
     yield render.sse("[DONE]")
 
-
-def _error_event(d) -> str:
-    return render.sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None, "code": "internal_error"}})

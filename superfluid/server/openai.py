@@ -309,10 +309,6 @@ def _sse(gen) -> StreamingResponse:
     return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _error_event(d: Delta) -> str:
-    return render.sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None, "code": "internal_error"}})
-
-
 async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged, echoes=(),
                              score_only=False):
     usage = render.Usage()
@@ -320,7 +316,7 @@ async def _stream_completion(streams, n, rid, created, name, tokenizer, k, inclu
     base = {"id": rid, "object": "text_completion", "created": created, "model": name}
     async for idx, d in merged(streams, n):
         if d.finish_reason == "error":
-            yield _error_event(d)
+            yield render.error_event(d)
             continue
         if echoes and idx not in offsets:  # the prompt comes first (with its logprobs, on its first delta)
             echo = echoes[idx // n]

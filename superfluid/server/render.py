@@ -60,6 +60,12 @@ def finish_reason(reason: str | None) -> str | None:
     return {"abort": "length", "error": "stop"}.get(reason, reason) if reason else None
 
 
+def error_event(d: Delta) -> str:
+    """A failed choice in a stream: OpenAI's error body as an event (then the stream goes on)."""
+    return sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None,
+                          "code": "internal_error"}})
+
+
 def sse(obj: dict | str) -> str:
     data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
     return f"data: {data}\n\n"
