@@ -139,6 +139,13 @@ class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     # runs on: the other choices of an n > 1 request fork from it. (An extension of the
     # reference, which checkpoints prompts on recurrent runtimes only.)
     publish_prompt: bool = False
+    # 0: none; k + 1: each prompt token's logprob (from the prefill's rows) plus the top k.
+    # Scored where the lane prefills: a seeded prefix has no rows (the scheduler leases none).
+    want_prompt_logprobs: int = 0
+    # prompt_cache_key: the lane's published entries carry its hash (0: unkeyed) and
+    # retention (cache.Retention); keyed entries are protected within the plan's quota.
+    cache_key: int = 0
+    cache_retention: int = 0
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, array_like=True):
@@ -176,7 +183,7 @@ class TickPlan(msgspec.Struct, frozen=True):
     max_decode_lanes: int = 0
     evictable_cache_classes: int = 0
     max_evict_bytes: int = 0
-    protected_quota_bytes: int = 0
+    protected_quota_bytes: int = 0  # keyed cache entries up to this many bytes are never evicted
 
 
 # ------------------------------------------------------------------- events
@@ -239,17 +246,36 @@ class TickTimings(msgspec.Struct, frozen=True):
     decode_ns: int = 0
 
 
+class CacheClassBytes(msgspec.Struct, frozen=True, array_like=True):
+    retention: int  # cache.Retention: 0 unkeyed, 1 in_memory, 2 24h
+    resident_bytes: int = 0
+    protected_bytes: int = 0
+    exported_bytes: int = 0
+
+
 class TickMemCounters(msgspec.Struct, frozen=True):
     allocated_bytes: int = 0
     host_retained_bytes: int = 0  # cache entries exported out of the pool
     pool_blocks_total: int = 0
     pool_blocks_used: int = 0
-    pool_bytes_evictable: int = 0  # unpinned cache entries in the pool
+    pool_bytes_evictable: int = 0  # unpinned, unprotected cache entries in the pool
     tentative_bytes: int = 0
+    cache_classes: list[CacheClassBytes] = []
 
 
 class LaneLogprob(msgspec.Struct, frozen=True, array_like=True):
     lane_tag: int
+    token_id: int
+    logprob: float
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
+class PromptLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """Prompt token ``position`` (>= 1) scored by the row of the position before it."""
+
+    lane_tag: int
+    position: int
     token_id: int
     logprob: float
     top_ids: list[int] = []
@@ -267,6 +293,7 @@ class TickEvents(msgspec.Struct, frozen=True):
     timings: TickTimings
     mem: TickMemCounters
     logprobs: list[LaneLogprob]
+    prompt_logprobs: list[PromptLogprob] = []
 
 
 class TickOutcome(msgspec.Struct, frozen=True):

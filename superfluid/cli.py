@@ -25,6 +25,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-budget", type=int, default=512, help="prompt tokens prefilled per tick, over all requests")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
     p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (switches itself off where it does not pay)")
+    p.add_argument("--cache-protected-fraction", type=float, default=0.25,
+                   help="share of the KV pool that prompt_cache_key entries hold against eviction (default 0.25)")
+    p.add_argument("--host-cache-mb", type=int, default=64,
+                   help="host memory for prefix-cache entries exported out of the pool (24h retention first; default 64)")
 
 
 def _config(args: argparse.Namespace, **extra) -> EngineConfig:
@@ -38,7 +42,9 @@ def _config(args: argparse.Namespace, **extra) -> EngineConfig:
         max_batch=args.max_batch,
         deterministic=args.deterministic,
         progress=progress,
+        host_cache_mb=args.host_cache_mb,
         scheduler=SchedulerConfig(
+            cache_protected_fraction=args.cache_protected_fraction,
             prefill_token_budget=args.prefill_budget,
             prefix_caching=not args.no_prefix_cache,
             determinism_class=1 if args.deterministic else 0,

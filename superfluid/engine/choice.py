@@ -26,6 +26,7 @@ class ChoiceState:
         self.stop = StopChecker(p.stop, p.include_stop_str_in_output)
         self.output = CompletionOutput(index=req.index, logprobs=[] if p.logprobs is not None else None)
         self.n_processed = 0
+        self._prompt_sent = False
         self.done = False  # the final delta went out
 
     def process(self, token: int, lp: abi.LaneLogprob | None) -> Delta | None:
@@ -34,7 +35,7 @@ class ChoiceState:
             return None
         req = self.req
         self.n_processed += 1
-        delta = Delta(req.group_id, req.index, token_ids=[token])
+        delta = Delta(req.group_id, req.index, token_ids=[token], prompt_logprobs=self._prompt_logprobs())
         self.output.token_ids.append(token)
         if self.output.logprobs is not None:
             entry = self._logprobs(token, lp)
@@ -74,6 +75,7 @@ class ChoiceState:
         return Delta(
             req.group_id,
             req.index,
+            prompt_logprobs=self._prompt_logprobs(),
             text=tail,
             finish_reason=reason,
             stop_reason=self.output.stop_reason,
@@ -82,6 +84,19 @@ class ChoiceState:
             completion_tokens=len(req.output_token_ids),
             cached_tokens=req.cached_tokens,
         )
+
+    def _prompt_logprobs(self) -> list[TokenLogprobs | None] | None:
+        """Once, on the choice's first delta: the prompt's scores (the first token has none)."""
+        if self.req.params.prompt_logprobs is None or self._prompt_sent:
+            return None
+        self._prompt_sent = True
+        prompt, scores = self.req.prompt_token_ids, self.req.prompt_scores
+        out: list[TokenLogprobs | None] = [None]
+        for pos in range(1, len(prompt)):
+            s = scores.get(pos)
+            out.append(self._logprobs(prompt[pos], s) if s is not None else {})
+        self.output.prompt_logprobs = out
+        return out
 
     def _logprobs(self, token: int, lp: abi.LaneLogprob | None) -> TokenLogprobs:
         if lp is None:

@@ -18,6 +18,8 @@ class SchedulerConfig:
     kv_watermark: float = 0.01  # share of the pool admissions leave free
     partial_emits: bool = True  # stream tokens as picked (PARTIAL_EMITS), not per tick
     speculative: bool = False  # prompt-lookup drafting (the executor's gate turns it off where it does not pay)
+    # prompt_cache_key: keyed cache entries up to this share of the pool are never evicted
+    cache_protected_fraction: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -37,5 +39,6 @@ class EngineConfig:
     progress: bool = False  # a progress bar while weights load
     worker: bool = False  # run the runtime in a supervised worker process
     worker_stall_timeout: float = 60.0  # a worker whose tick sees no runtime call complete this long is replaced
+    host_cache_mb: int = 64  # host memory for cache entries exported out of the pool (24h retention first)
     runtime_extra: tuple[tuple[str, object], ...] = ()  # more keyword arguments for the runtime (tests: the toy's step_delay)
     scheduler: SchedulerConfig = SchedulerConfig()

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Callable
 
+from . import cache_keys
 from .choice import ChoiceState
 from .config import EngineConfig
 from .outputs import Delta
@@ -97,6 +98,8 @@ class Engine:
                     index=i,
                     group_id=request_id,
                     rng_base=rng_base(params.seed, i),
+                    cache_key=cache_keys.key_hash(params.prompt_cache_key, params.prompt_cache_retention),
+                    cache_retention=cache_keys.retention_class(params.prompt_cache_key, params.prompt_cache_retention),
                 )
                 reqs.append(req)
                 if params.logit_bias:

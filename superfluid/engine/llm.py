@@ -108,6 +108,8 @@ class LLM:
                 c.token_ids += d.token_ids
                 if d.logprobs:
                     c.logprobs = (c.logprobs or []) + d.logprobs
+                if d.prompt_logprobs is not None:
+                    c.prompt_logprobs = d.prompt_logprobs
                 if d.finish_reason is not None:
                     c.finish_reason = d.finish_reason
                     c.stop_reason = d.stop_reason

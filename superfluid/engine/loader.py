@@ -83,7 +83,8 @@ def build_engine(config: EngineConfig) -> Engine:
     if config.worker:
         from ..worker.client import WorkerClient, WorkerConfig
 
-        client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout))
+        client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout,
+                                           host_cache_bytes=config.host_cache_mb << 20))
         try:
             client.start()
         except BaseException:
@@ -92,10 +93,11 @@ def build_engine(config: EngineConfig) -> Engine:
         tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
         return Engine(client, client.rings, tokenizer, config, model_name=name)
 
-    from ..executor import Executor
+    from ..executor import Executor, ExecutorConfig
     from ..rings import Rings
     from ..runtimes.registry import build_runtime
 
     runtime = build_runtime(kind, **kw)
     rings = Rings(runtime.desc.vocab_size)
-    return Engine(Executor(runtime, rings), rings, runtime.tokenizer, config, model_name=name)
+    ex = Executor(runtime, rings, ExecutorConfig(host_cache_bytes=config.host_cache_mb << 20))
+    return Engine(ex, rings, runtime.tokenizer, config, model_name=name)

@@ -28,6 +28,7 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float | None = None
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # with prompt_logprobs; the first is None
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or token id that matched
 
@@ -64,6 +65,7 @@ class Delta:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # on a choice's first delta, when asked
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None

@@ -53,6 +53,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None  # None: none; k: chosen token plus the top k
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob plus the top k
+    prompt_cache_key: str | None = None  # requests sharing it share protected cache entries (cache_keys.py)
+    prompt_cache_retention: str | None = None  # "in_memory" | "24h"
     logit_bias: dict[int, float] = field(default_factory=dict)
     grammar: GrammarSpec | None = None
     skip_special_tokens: bool = True
@@ -100,6 +103,12 @@ class SamplingParams:
             raise ParamError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ParamError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}", "top_logprobs")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise ParamError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
+                             "logprobs")
+        from .cache_keys import check as check_cache_key
+
+        check_cache_key(self.prompt_cache_key, self.prompt_cache_retention)
         if any(not s for s in self.stop):
             raise ParamError("stop strings must not be empty", "stop")
         if len(self.stop) > MAX_STOP:
@@ -137,3 +146,6 @@ class SamplingParams:
     def want_logprobs(self) -> int:
         """The admit's want_logprobs: 0 none, else the chosen token plus k top."""
         return 0 if self.logprobs is None else self.logprobs + 1
+
+    def want_prompt_logprobs(self) -> int:
+        return 0 if self.prompt_logprobs is None else self.prompt_logprobs + 1

@@ -190,6 +190,9 @@ class Planner:
                         seed_handle=seed.handle if seed else 0,
                         determinism_class=cfg.determinism_class,
                         want_logprobs=p.want_logprobs(),
+                        want_prompt_logprobs=p.want_prompt_logprobs(),
+                        cache_key=req.cache_key,
+                        cache_retention=req.cache_retention,
                         publish_prompt=forking and req.index == 0 and req.group_id in siblings,
                     )
                 )

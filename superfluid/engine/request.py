@@ -90,6 +90,11 @@ class Request:
     num_oom_retries: int = 0
     admitted_once: bool = False
     first_token_time: float | None = None
+    cache_key: int = 0  # prompt_cache_key's hash (cache_keys.py); 0: unkeyed
+    cache_retention: int = 0
+    # prompt position -> its score, from the prefill's rows (prompt_logprobs); a
+    # re-admitted lane scores the same positions again, to the same values
+    prompt_scores: dict = field(default_factory=dict)
 
     # handles owned by the request (0: none)
     logit_bias_handle: int = 0

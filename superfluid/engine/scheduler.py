@@ -27,6 +27,7 @@ import msgspec
 from .. import abi
 from .config import SchedulerConfig
 from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
+from . import cache_keys
 from .request import FinishReason, Request, Status
 
 
@@ -58,6 +59,10 @@ class SchedulerStats:
     spec_accepted: int = 0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
+    # per retention class ("none", "in_memory", "24h"): admissions a seed served, and the
+    # cache's resident / protected / exported bytes after the last tick
+    cache_hits: dict = field(default_factory=dict)
+    cache_bytes: dict = field(default_factory=dict)
 
     @property
     def kv_usage(self) -> float:
@@ -83,6 +88,7 @@ class Scheduler:
         self._orphan_cells = 0  # what retiring them gives back (estimate)
         self._free_cells: int | None = None
         self._failed: list[Request] = []  # failed while re-planning; reported by the step
+        self._protected_quota = 0  # bytes of keyed cache entries the plans protect
         self.draining = False
         self.stats = SchedulerStats()
 
@@ -127,6 +133,8 @@ class Scheduler:
         leases: dict[int, Seed | None] = {}  # one lease per request across re-plans
 
         def lease(req: Request) -> Seed | None:
+            if req.params.prompt_logprobs is not None:
+                return None  # every prompt token is scored from a row of its own prefill
             if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
                 # A cached prefix was computed along another path (chunking, batch company):
                 # on a runtime whose rows depend on that, a seeded request prefills afresh so
@@ -134,7 +142,8 @@ class Scheduler:
                 return None
             if id(req) not in leases:
                 got = self.ex.lease_seed(
-                    req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class
+                    req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class,
+                    cache_key=req.cache_key,
                 )
                 leases[id(req)] = Seed(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
             return leases[id(req)]
@@ -165,6 +174,8 @@ class Scheduler:
             self.rings.set_latency_wanted(tick.latency_sensitive)
             streamed: dict[int, int] = {}
             callback = None
+            if self._protected_quota:
+                tick.plan = msgspec.structs.replace(tick.plan, protected_quota_bytes=self._protected_quota)
             if on_token is not None and self.config.partial_emits and tick.decodes:
                 tick.plan = msgspec.structs.replace(tick.plan, flags=tick.plan.flags | abi.TickFlag.PARTIAL_EMITS)
                 callback = self._partial_callback(tick, on_token, streamed)
@@ -189,7 +200,8 @@ class Scheduler:
             self.rings.write_prompt,
         )
         # Only the retires: running lanes make no progress in this tick.
-        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], flags=0)
+        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], flags=0,
+                                            protected_quota_bytes=self._protected_quota)
         tick.prefills, tick.decodes = {}, {}
         out = self.ex.run_tick(tick.plan)
         if out.status != abi.Status.OK:
@@ -216,7 +228,7 @@ class Scheduler:
             if lane_tag in admitted:  # usage may go out with this very token
                 self._count_admission(admitted[lane_tag])
             # Requests that want logprobs wait for the tick's end, where logprobs come.
-            if req is None or req.is_finished or req.params.logprobs is not None:
+            if req is None or req.is_finished or req.params.logprobs is not None or req.params.prompt_logprobs is not None:
                 return
             streamed[lane_tag] = streamed.get(lane_tag, 0) + 1
             req.replay_pending = False
@@ -287,6 +299,11 @@ class Scheduler:
                     self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
                 upd(req).finished = True
 
+        for plp in events.prompt_logprobs:
+            req = self.running.get(plp.lane_tag)
+            if req is not None:
+                req.prompt_scores[plp.position] = plp
+
         logprobs: dict[int, list[abi.LaneLogprob]] = {}
         for lp in events.logprobs:
             logprobs.setdefault(lp.lane_tag, []).append(lp)
@@ -326,6 +343,8 @@ class Scheduler:
         if not req.admitted_once:
             req.admitted_once = True
             req.cached_tokens = min(adm.seed.prefix_len if adm.seed else 0, len(req.prompt_token_ids))
+            if req.cached_tokens:
+                cache_keys.count_hit(self.stats.cache_hits, req.cache_retention)
             self.stats.prompt_tokens += len(req.prompt_token_ids)
 
     def _accept(self, req: Request, token: int) -> bool:
@@ -342,6 +361,8 @@ class Scheduler:
     def _note_memory(self, mem: abi.TickMemCounters) -> None:
         self.stats.kv_blocks_total = mem.pool_blocks_total
         self.stats.kv_blocks_used = mem.pool_blocks_used
+        pool = mem.pool_blocks_total * self.desc.page * self.desc.cell_bytes
+        self._protected_quota = cache_keys.note_classes(self.stats.cache_bytes, mem, pool, self.config.cache_protected_fraction)
         if mem.pool_blocks_total == 0:
             self._free_cells = None  # the runtime does not count cells: NeedsReplan decides
             return

@@ -6,6 +6,11 @@ Invariants:
   ``exported`` holds the payload in host memory).
 - ``pins`` counts the seed leases naming the entry; a pinned entry is never evicted.
 - Keys are whole pages on a paged runtime and exact token lists on a recurrent one.
+- Keyed entries (a request's ``prompt_cache_key``, hashed to ``key``) are **protected**
+  while they fit the plan's protected quota, most recently used first: eviction never
+  picks a protected entry (unless nothing else is live: see capacity.py), so a burst of
+  unkeyed traffic cannot push a keyed prefix out. Past the quota a keyed entry is an
+  entry like the others (least recently used first).
 """
 
 from __future__ import annotations
@@ -30,11 +35,20 @@ class CacheEntry:
     exported: object | None = None
     shared: bool = False  # a fork copied from it: kept for its siblings
     seeded: int = 0  # seeds served
+    key: int = 0  # prompt_cache_key's hash; 0: unkeyed
+    retention: int = 0  # Retention: NONE (unkeyed), IN_MEMORY, EXTENDED (24h: exported first, dropped last)
 
     def share(self, n_tokens: int) -> bool:
         """A seed copied n tokens; True if that is a real use of the entry."""
         self.shared = True
         return n_tokens >= min(REAL_USE_TOKENS, len(self.tokens))
+
+
+class Retention:
+    NONE = 0
+    IN_MEMORY = 1
+    EXTENDED = 2  # "24h"
+    NAMES = {NONE: "none", IN_MEMORY: "in_memory", EXTENDED: "24h"}
 
 
 class PrefixCache:
@@ -48,8 +62,9 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def insert(self, seq: int, tokens: list[int], prompt: int, nbytes: int, now: int) -> CacheEntry:
-        e = CacheEntry(self._next_id, seq, tokens, prompt, nbytes, now)
+    def insert(self, seq: int, tokens: list[int], prompt: int, nbytes: int, now: int, key: int = 0,
+               retention: int = 0) -> CacheEntry:
+        e = CacheEntry(self._next_id, seq, tokens, prompt, nbytes, now, key=key, retention=retention if key else 0)
         self._next_id += 1
         self.entries.append(e)
         return e
@@ -84,18 +99,31 @@ class PrefixCache:
     def resident_bytes(self) -> int:
         return sum(e.bytes for e in self.entries if e.seq is not None)
 
-    def exported_bytes(self) -> int:
-        return sum(e.bytes for e in self.entries if e.seq is None)
+    def exported_bytes(self, retention: int | None = None) -> int:
+        return sum(e.bytes for e in self.entries if e.seq is None and (retention is None or e.retention == retention))
 
-    def unpinned_bytes(self) -> int:
-        return sum(e.bytes for e in self.entries if e.seq is not None and e.pins == 0)
+    def unpinned_bytes(self, protected: frozenset[int] = frozenset()) -> int:
+        return sum(e.bytes for e in self.entries if e.seq is not None and e.pins == 0 and e.entry_id not in protected)
 
-    def eviction_order(self) -> list[CacheEntry]:
-        """Resident, unpinned entries, least recently used first (oldest entry on ties)."""
-        return sorted((e for e in self.entries if e.seq is not None and e.pins == 0), key=lambda e: (e.last_used, e.entry_id))
+    def protected(self, quota_bytes: int) -> frozenset[int]:
+        """Keyed resident entries that fit the quota, most recently used first."""
+        out, spent = set(), 0
+        for e in sorted((e for e in self.entries if e.key and e.seq is not None), key=lambda e: (-e.last_used, -e.entry_id)):
+            if spent + e.bytes > quota_bytes:
+                continue
+            out.add(e.entry_id)
+            spent += e.bytes
+        return frozenset(out)
+
+    def eviction_order(self, protected: frozenset[int] = frozenset()) -> list[CacheEntry]:
+        """Resident, unpinned, unprotected entries, least recently used first (oldest entry on ties)."""
+        return sorted(
+            (e for e in self.entries if e.seq is not None and e.pins == 0 and e.entry_id not in protected),
+            key=lambda e: (e.last_used, e.entry_id),
+        )
 
     def plan_evict_until(
-        self, cap_bytes: int, enough: Callable[[list[CacheEntry]], bool]
+        self, cap_bytes: int, enough: Callable[[list[CacheEntry]], bool], protected: frozenset[int] = frozenset()
     ) -> tuple[list[CacheEntry], bool]:
         """Pick LRU victims, at most cap_bytes of them, until ``enough(picked)``.
         Picks nothing for real: the caller makes them leave the pool."""
@@ -103,7 +131,7 @@ class PrefixCache:
         spent = 0
         if enough(picked):
             return picked, True
-        for e in self.eviction_order():
+        for e in self.eviction_order(protected):
             if spent + e.bytes > cap_bytes:
                 continue
             picked.append(e)
@@ -112,14 +140,23 @@ class PrefixCache:
                 return picked, True
         return picked, False
 
-    def longest_prefix(self, prompt: list[int], page: int, exact_only: bool) -> tuple[CacheEntry, int] | None:
+    def longest_prefix(self, prompt: list[int], page: int, exact_only: bool, key: int = 0) -> tuple[CacheEntry, int] | None:
         """The entry sharing the longest prefix with the prompt and that prefix's length.
 
         Paged: any whole-page prefix of an entry will do (a copy takes part of it).
         Recurrent: the whole entry must be a prefix, shorter than the prompt (a state
-        cannot be cut, and the prompt's last token is fed by the first decode)."""
+        cannot be cut, and the prompt's last token is fed by the first decode).
+        A keyed prompt is routed to its key's entries first, then to any."""
+        if key:
+            found = self._longest(prompt, page, exact_only, [e for e in self.entries if e.key == key])
+            if found is not None:
+                return found
+        return self._longest(prompt, page, exact_only, self.entries)
+
+    @staticmethod
+    def _longest(prompt: list[int], page: int, exact_only: bool, entries: list[CacheEntry]) -> tuple[CacheEntry, int] | None:
         best: tuple[CacheEntry, int] | None = None
-        for e in self.entries:
+        for e in entries:
             if exact_only:
                 n = len(e.tokens)
                 if n == 0 or n >= len(prompt) or prompt[:n] != e.tokens:

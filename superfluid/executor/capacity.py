@@ -118,16 +118,30 @@ def check_capacity(ex: "Executor", plan: TickPlan, chk: Checked) -> Capacity:
         free_slots = max(desc.max_seqs + len(retired) - ex.live_sequences(), 0)
         short_slots = max(needed_slots - free_slots, 0)
 
+    # The quota keeps that many bytes of cache resident (the reference's rule), and the
+    # keyed entries within it are the ones kept. Except when no lane would be left to
+    # finish and make room: then a single request that fits only without them gets it.
+    protected = ex.cache.protected(plan.protected_quota_bytes)
+    lone = len(ex.lanes) - len(chk.live_retires) == 0 and len(plan.admits) <= 1
+    quota_limit = min(plan.max_evict_bytes, max(ex.cache.resident_bytes() - plan.protected_quota_bytes, 0))
+
     def room(need: int, short: int) -> list[CacheEntry] | None:
         if cells_fit(need, retired) and short == 0:
             return []
         if not plan.evictable_cache_classes & CacheClass.RESIDENT_PREFIX:
             return None
-        limit = min(plan.max_evict_bytes, max(ex.cache.resident_bytes() - plan.protected_quota_bytes, 0))
-        picked, enough = ex.cache.plan_evict_until(
-            limit, lambda picked: len(picked) >= short and cells_fit(need, retired + [e.seq for e in picked])
-        )
-        return picked if enough else None
+        tries = [(quota_limit, protected)]
+        if lone and plan.protected_quota_bytes:
+            tries.append((plan.max_evict_bytes, frozenset()))
+        for limit, keep in tries:
+            picked, enough = ex.cache.plan_evict_until(
+                limit,
+                lambda picked: len(picked) >= short and cells_fit(need, retired + [e.seq for e in picked]),
+                keep,
+            )
+            if enough:
+                return picked
+        return None
 
     victims = room(needed, short_slots)
     if victims is None:

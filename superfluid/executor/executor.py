@@ -18,7 +18,7 @@ import numpy as np
 from ..abi import FaultCode, OpCompletion, OpKind, Status, TickOutcome, TickPlan
 from ..rings import Rings
 from ..runtimes.base import Fatal, PrimError, RuntimePrimitives
-from .cache import CacheEntry, PrefixCache
+from .cache import CacheEntry, PrefixCache, Retention
 if TYPE_CHECKING:
     from .grammar import GrammarStore
 from .lane import Lane
@@ -77,6 +77,7 @@ class Executor:
         self.prefill_secs_per_token: float | None = None
         self.last_plan_seq: int | None = None
         self.tick_count = 0
+        self.protected_quota = 0  # the last accepted plan's protected_quota_bytes (keyed entries)
         self._next_handle = 1
 
     # ------------------------------------------------------------------ tick
@@ -128,8 +129,14 @@ class Executor:
     def pool_bytes(self) -> int:
         return self.prim.mem_counters().cells_total * self.desc.cell_bytes
 
-    def host_room(self, nbytes: int) -> bool:
-        return self.cache.exported_bytes() + nbytes <= self.config.host_cache_bytes
+    def host_room(self, nbytes: int, retention: int = Retention.NONE) -> bool:
+        # Host memory is kept least-recently-used, 24h entries last: an entry leaving the
+        # pool counts only against the 24h entries there, and settle_cache then drops the
+        # oldest others until the budget holds.
+        return self.cache.exported_bytes(Retention.EXTENDED) + nbytes <= self.config.host_cache_bytes
+
+    def protected(self) -> frozenset[int]:
+        return self.cache.protected(self.protected_quota)
 
     def leave_pool(self, e: CacheEntry, evicted: list[tuple[int, int]]) -> None:
         """An entry leaves the pool: exported where host memory has room, else dropped.
@@ -138,7 +145,7 @@ class Executor:
         seq = e.seq
         assert seq is not None
         payload = None
-        if self.host_room(e.bytes):
+        if self.host_room(e.bytes, e.retention):
             try:
                 payload = self.prim.seq_export(seq)
             except PrimError as err:
@@ -156,12 +163,14 @@ class Executor:
         cap = int(self.pool_bytes() * self.config.cache_max_fraction)
         if cap <= 0:
             return
-        for e in self.cache.eviction_order():
+        for e in self.cache.eviction_order(self.protected()):
             if self.cache.resident_bytes() <= cap:
                 break
             self.leave_pool(e, evicted)
-        # exported entries past the host budget go for good, least recently used first
-        olds = sorted((e for e in self.cache if e.seq is None and e.pins == 0), key=lambda e: (e.last_used, e.entry_id))
+        # exported entries past the host budget go for good: 24h entries last, then
+        # least recently used first
+        olds = sorted((e for e in self.cache if e.seq is None and e.pins == 0),
+                      key=lambda e: (e.retention == Retention.EXTENDED, e.last_used, e.entry_id))
         exported = [e for e in self.cache if e.seq is None]
         nbytes, count = sum(e.bytes for e in exported), len(exported)
         for e in olds:
@@ -187,10 +196,12 @@ class Executor:
                 e.pins = max(e.pins - 1, 0)
 
     # ------------------------------------------------- operations between ticks
-    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0) -> SeedLease | None:
+    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
+                   cache_key: int = 0) -> SeedLease | None:
         """Pin the cache entry sharing the longest prefix with the prompt (whole pages;
-        exact and shorter than the prompt on a recurrent runtime) until tick_count + ttl."""
-        found = self.cache.longest_prefix(list(prompt), self.page(), self.desc.exact_only)
+        exact and shorter than the prompt on a recurrent runtime) until tick_count + ttl.
+        A keyed prompt looks among its key's entries first."""
+        found = self.cache.longest_prefix(list(prompt), self.page(), self.desc.exact_only, cache_key)
         if found is None:
             return None
         e, n = found
@@ -301,6 +312,19 @@ class Executor:
             done.append(e.entry_id)
             self.completions_pending.append(OpCompletion(OpKind.IMPORT, e.entry_id, 0, e.bytes))
         return done
+
+    def cache_classes(self) -> list:
+        """Per retention class: resident, protected and exported bytes (metrics)."""
+        from ..abi import CacheClassBytes
+
+        protected = self.protected()
+        out = []
+        for r in (Retention.NONE, Retention.IN_MEMORY, Retention.EXTENDED):
+            es = [e for e in self.cache if e.retention == r]
+            out.append(CacheClassBytes(
+                r, sum(e.bytes for e in es if e.seq is not None),
+                sum(e.bytes for e in es if e.entry_id in protected), sum(e.bytes for e in es if e.seq is None)))
+        return out
 
     def lane_tokens(self, lane_tag: int) -> list[int] | None:
         lane = self.lanes.get(lane_tag)

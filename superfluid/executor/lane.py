@@ -30,6 +30,9 @@ class Lane:
     grammar: object | None = None  # grammar.LaneGrammar
     spec: object | None = None  # speculate.LaneSpec
     publish_prompt: bool = False  # cache the prompt once prefilled (forks share it)
+    prompt_logprobs_top: int | None = None  # prompt tokens scored from the prefill's rows
+    cache_key: int = 0  # what the lane publishes carries these (prompt_cache_key)
+    cache_retention: int = 0
 
     def ingested(self) -> int:
         return len(self.committed) - (self.pending_input is not None)

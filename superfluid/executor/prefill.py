@@ -8,6 +8,9 @@ Invariants:
   token is held back as ``pending_input`` for the first decode.
 - On a recurrent runtime the completed prompt is checkpointed one token short of its
   end: a resent prompt or the next turn starts there.
+- A lane that wants prompt logprobs is stepped for every position's row (``step_rows``):
+  the row at position p scores prompt token p + 1. Its last row doubles as the row the
+  first decode samples from, so scoring changes no token.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..abi import MAX_TOP_LOGPROBS, PromptLogprob
 from ..runtimes.base import Feed, PrimError
+from .sampling import logprobs as score
 from .tick import FatalTick, TickState, fail_step, unless_fatal
 
 if TYPE_CHECKING:
@@ -40,6 +45,8 @@ class _Planned:
     tag: int
     tokens: list[int]
     wants_row: bool
+    start: int = 0  # the position of tokens[0] in the lane's history
+    scored: bool = False  # every position's row: prompt logprobs
 
 
 def _step_cap(ex: "Executor") -> int:
@@ -76,7 +83,7 @@ def checkpoint_prompt(ex: "Executor", tag: int, min_tokens: int = CHECKPOINT_MIN
         ex.prim.seq_free(dst)
         unless_fatal(ex, e, "publishing a prompt (copy)")
         return
-    ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count)
+    ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count, lane.cache_key, lane.cache_retention)
 
 
 def prefill_phase(ex: "Executor", st: TickState) -> None:
@@ -120,6 +127,7 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
             left -= take
             ran += take
             lane = ex.lanes[w.tag]
+            start = lane.ingested()
             chunk = lane.prompt[w.next : w.next + take]
             completes = w.next + take == len(lane.prompt)
             w.next += take
@@ -139,19 +147,15 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
             lane.committed += chunk
             lane.prefilled += take
             if feed:
-                planned.append(_Planned(w.tag, feed, wants_row))
+                planned.append(_Planned(w.tag, feed, wants_row, start, lane.prompt_logprobs_top is not None))
         if not planned:
             continue
-        try:
-            got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in planned])
-        except PrimError as e:
-            fail_step(ex, st, [f.tag for f in planned], e, "a prefill step")
+        plain = [f for f in planned if not f.scored]
+        if plain and not _step(ex, st, plain):
             continue
-        wanted = [f for f in planned if f.wants_row]
-        if len(got) != len(wanted):
-            raise FatalTick(ex.fatal("a prefill step's rows"))
-        for f, row in zip(wanted, got):
-            st.rows[f.tag] = row
+        scored = [f for f in planned if f.scored]
+        if scored and not _step_scored(ex, st, scored):
+            continue
         for tag in checkpoints:  # a prompt whose forks wait for it is worth a checkpoint at any length
             lane = ex.lanes.get(tag)
             checkpoint_prompt(ex, tag, min_tokens=1 if lane is not None and lane.publish_prompt else CHECKPOINT_MIN_TOKENS)
@@ -162,6 +166,45 @@ def prefill_phase(ex: "Executor", st: TickState) -> None:
         sample = st.prefill_ns / 1e9 / ran
         prev = ex.prefill_secs_per_token
         ex.prefill_secs_per_token = sample if prev is None else 0.7 * prev + 0.3 * sample
+
+
+def _step(ex: "Executor", st: TickState, planned: list[_Planned]) -> bool:
+    try:
+        got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in planned])
+    except PrimError as e:
+        fail_step(ex, st, [f.tag for f in planned], e, "a prefill step")
+        return False
+    wanted = [f for f in planned if f.wants_row]
+    if len(got) != len(wanted):
+        raise FatalTick(ex.fatal("a prefill step's rows"))
+    for f, row in zip(wanted, got):
+        st.rows[f.tag] = row
+    return True
+
+
+def _step_scored(ex: "Executor", st: TickState, planned: list[_Planned]) -> bool:
+    """A prefill step with every position's row: each scores the prompt token after it."""
+    try:
+        got = ex.prim.step_rows([Feed(ex.lanes[f.tag].seq, f.tokens, True) for f in planned])
+    except PrimError as e:
+        fail_step(ex, st, [f.tag for f in planned], e, "a prefill step")
+        return False
+    if got is None:  # the runtime cannot give every row: the prompt goes unscored
+        return _step(ex, st, planned)
+    if len(got) != len(planned) or any(len(r) != len(f.tokens) for f, r in zip(planned, got)):
+        raise FatalTick(ex.fatal("a scored prefill step's rows"))
+    for f, rows in zip(planned, got):
+        lane = ex.lanes[f.tag]
+        k = min(lane.prompt_logprobs_top or 0, MAX_TOP_LOGPROBS)
+        for i, row in enumerate(rows):
+            pos = f.start + i + 1
+            if pos < len(lane.prompt):
+                token = lane.prompt[pos]
+                lp, top = score(row, token, k)
+                st.prompt_logprobs.append(PromptLogprob(f.tag, pos, token, lp, [t for t, _ in top], [v for _, v in top]))
+        if f.wants_row:
+            st.rows[f.tag] = rows[-1]
+    return True
 
 
 def replay_phase(ex: "Executor", st: TickState, replaying: list[int], remaining: dict[int, int]) -> None:

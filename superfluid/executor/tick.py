@@ -18,6 +18,7 @@ from ..abi import (
     LaneEmit,
     LaneFault,
     LaneLogprob,
+    PromptLogprob,
     Sampling,
     ShedEntry,
     ShedKind,
@@ -75,6 +76,7 @@ class TickState:
     evictions: int = 0
     bytes_evicted: int = 0
     logprobs: list[LaneLogprob] = field(default_factory=list)
+    prompt_logprobs: list[PromptLogprob] = field(default_factory=list)
     emits: list[LaneEmit] = field(default_factory=list)
     rows: dict = field(default_factory=dict)  # lane -> row waiting to be sampled
     yielded: bool = False  # the prefill stopped early on a yield
@@ -153,6 +155,7 @@ def run_tick(ex: "Executor", plan: TickPlan, on_partial_emit) -> TickOutcome:
         return TickOutcome(int(r.status))
     # ---- from here on the plan is carried out
     ex.last_plan_seq = plan.plan_seq
+    ex.protected_quota = plan.protected_quota_bytes
     ex.tick_count += 1
     ex.rings.begin_output()
     st = TickState(plan, chk, on_partial_emit)
@@ -223,11 +226,15 @@ def _retire(ex: "Executor", st: TickState) -> None:
                 unless_fatal(ex, e, "cutting a retired lane to its cache key")  # else kept whole
         same = ex.cache.find_tokens(key)
         if same is not None and same.seq is not None:
-            # Already cached: the older entry stays (its leases name it) and is used.
+            # Already cached: the older entry stays (its leases name it) and is used;
+            # a keyed lane's key (and the longer retention) carries over to it.
             same.last_used = ex.tick_count
+            if lane.cache_key and (not same.key or lane.cache_retention > same.retention):
+                same.key, same.retention = lane.cache_key, lane.cache_retention
             ex.prim.seq_free(lane.seq)
             continue
-        ex.cache.insert(lane.seq, key, len(lane.prompt), ex.entry_bytes(held), ex.tick_count)
+        ex.cache.insert(lane.seq, key, len(lane.prompt), ex.entry_bytes(held), ex.tick_count,
+                        lane.cache_key, lane.cache_retention)
 
 
 def _take_over(ex: "Executor", st: TickState, handles: set[int]) -> set[int]:
@@ -317,6 +324,9 @@ def _admit(ex: "Executor", st: TickState, a, taken: set[int]) -> None:
         grammar=ex.grammars.borrow(a.grammar_handle, cursor) if cursor is not None else None,
         spec=LaneSpec.new(ex.strategy) if drafts else None,
         publish_prompt=a.publish_prompt,
+        prompt_logprobs_top=(a.want_prompt_logprobs - 1) if a.want_prompt_logprobs > 0 else None,
+        cache_key=a.cache_key,
+        cache_retention=a.cache_retention,
     )
     st.admit_results.append(
         AdmitResult(
@@ -410,8 +420,10 @@ def _events(ex: "Executor", st: TickState, t_start: int) -> TickEvents:
             host_retained_bytes=ex.cache.exported_bytes(),
             pool_blocks_total=mem.cells_total // page,
             pool_blocks_used=mem.cells_used // page,
-            pool_bytes_evictable=ex.cache.unpinned_bytes(),
+            pool_bytes_evictable=ex.cache.unpinned_bytes(ex.protected()),
             tentative_bytes=0,
+            cache_classes=ex.cache_classes(),
         ),
         logprobs=st.logprobs,
+        prompt_logprobs=st.prompt_logprobs,
     )

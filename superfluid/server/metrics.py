@@ -80,5 +80,25 @@ class _SchedulerCollector:
         yield CounterMetricFamily("superfluid_ticks", "Ticks run", value=st.ticks)
         yield CounterMetricFamily("superfluid_spec_proposed_tokens", "Draft tokens proposed", value=st.spec_proposed)
         yield CounterMetricFamily("superfluid_spec_accepted_tokens", "Draft tokens accepted", value=st.spec_accepted)
+        yield from _cache_classes(st)
         rate = st.spec_accepted / st.spec_proposed if st.spec_proposed else 0.0
         yield GaugeMetricFamily("superfluid_spec_acceptance_ratio", "Accepted / proposed draft tokens", value=rate)
+
+
+def _cache_classes(st):
+    """Per prompt_cache_key class (none, in_memory, 24h): hits, protected and exported bytes."""
+    hits = CounterMetricFamily("superfluid_prompt_cache_hits", "Admissions a cached prefix served, per key class",
+                               labels=["key_class"])
+    resident = GaugeMetricFamily("superfluid_prompt_cache_resident_bytes", "Cache entries in the pool, per key class",
+                                 labels=["key_class"])
+    protected = GaugeMetricFamily("superfluid_prompt_cache_protected_bytes",
+                                  "Keyed cache entries within the protected quota, per key class", labels=["key_class"])
+    exported = GaugeMetricFamily("superfluid_prompt_cache_exported_bytes",
+                                 "Cache entries exported to host memory, per key class", labels=["key_class"])
+    for name in ("none", "in_memory", "24h"):
+        hits.add_metric([name], st.cache_hits.get(name, 0))
+        r, p, e = st.cache_bytes.get(name, (0, 0, 0))
+        resident.add_metric([name], r)
+        protected.add_metric([name], p)
+        exported.add_metric([name], e)
+    yield from (hits, resident, protected, exported)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from typing import AsyncIterator
@@ -23,7 +24,7 @@ from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStr
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
 from ..engine.scheduler import GRAMMAR_DEAD_END
-from . import render
+from . import chat as chat_api, completion_extras, render, tokenize_routes
 from .errors import APIError, install_error_handlers
 from .deadline import DEADLINE_CODE, deadline_s, message, with_deadline
 from .limits import BodyLimit, Limits, prompt_char_cap
@@ -185,6 +186,8 @@ def create_app(
             ],
         }
 
+    tokenize_routes.install(app, core, name, check_chars)
+
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
@@ -193,17 +196,30 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         params = _params(completion_params, body)
-        prompts = []
+        prompts, echoes = [], []
         try:
+            extras = completion_extras.plan(body, core.config.max_n)
+            params = extras.params(params)
             raw = completion_prompts(body)
+            if body.suffix:
+                raw = [completion_extras.fim_prompt(tokenizer, p, body.suffix) for p in raw]
         except ParamError as e:
             raise APIError(400, str(e), e.param, "invalid_value") from None
+        if body.echo and body.logprobs is not None:
+            params = params.with_(prompt_logprobs=params.logprobs)
+        # echo with max_tokens 0 scores the prompt (lm-eval's loglikelihood): one token is
+        # generated, for the engine needs one, and nothing of it is shown or counted
+        score_only = body.echo and body.max_tokens == 0
+        if score_only:
+            params = params.with_(max_tokens=1)
         for p in raw:
             if isinstance(p, str):
                 check_chars(len(p), "prompt")
             ids = tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
             validate(ids, params)
             prompts.append(ids)
+            if body.echo:
+                echoes.append(completion_extras.Echo(p if isinstance(p, str) else tokenizer.decode(ids, skip_special_tokens=False), ids))
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         streams = await submit_all(rid, prompts, params)
@@ -211,8 +227,18 @@ def create_app(
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
-            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded))
+            return _sse(_stream_completion(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded,
+                                           echoes, score_only))
         choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
+        choices = extras.select(choices, len(prompts))
+        show_logprobs = body.logprobs is not None
+        if score_only:
+            usage.completion_tokens = 0
+        for c in choices:
+            if score_only:
+                c.text, c.token_ids, c.logprobs, c.finish_reason = "", [], [], "length"
+            if echoes:
+                echoes[c.index // body.n].prepend(tokenizer, c, k if show_logprobs else None)
         return {
             "id": rid,
             "object": "text_completion",
@@ -222,8 +248,8 @@ def create_app(
                 {
                     "index": c.index,
                     "text": c.text,
-                    "logprobs": render.completion_logprobs(tokenizer, c.token_ids, c.logprobs, k)
-                    if params.logprobs is not None
+                    "logprobs": c.logprobs_body or render.completion_logprobs(tokenizer, c.token_ids, c.logprobs, k)
+                    if show_logprobs
                     else None,
                     "finish_reason": render.finish_reason(c.finish_reason),
                 }
@@ -236,15 +262,7 @@ def create_app(
     async def chat(body: ChatCompletionRequest, request: Request):
         check_model(body.model)
         params = _params(chat_params, body)
-        if not body.messages:
-            raise APIError(400, "messages must not be empty", "messages", "invalid_value")
-        # OpenAI's developer role is the system role of chat templates
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        check_chars(sum(len(m["content"]) for m in messages), "messages")
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
-        except Exception as e:  # a template that rejects the conversation (roles, order)
-            raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
+        text, tools, params = chat_api.prepare(body, tokenizer, params, check_chars)
         ids = tokenizer.encode(text, add_special_tokens=False)
         validate(ids, params)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -254,7 +272,8 @@ def create_app(
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             bounded = with_deadline(merged, deadline_s(body.timeout, request_timeout))
-            return _sse(_stream_chat(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded))
+            return _sse(chat_api.stream(streams, params.n, rid, created, name, tokenizer, k, include_usage, params, bounded,
+                                    tools))
         choices, usage = await collect(request, streams, params.n, deadline_s(body.timeout, request_timeout))
         return {
             "id": rid,
@@ -264,13 +283,14 @@ def create_app(
             "choices": [
                 {
                     "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
+                    "message": msg,
                     "logprobs": render.chat_logprobs(tokenizer, c.token_ids, c.logprobs, k)
                     if params.logprobs is not None
                     else None,
-                    "finish_reason": render.finish_reason(c.finish_reason),
+                    "finish_reason": reason,
                 }
                 for c in choices
+                for msg, reason in [chat_api.message(c, tools)]
             ],
             "usage": usage.body(),
         }
@@ -289,18 +309,26 @@ def _sse(gen) -> StreamingResponse:
     return StreamingResponse(gen, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
-def _error_event(d: Delta) -> str:
-    return render.sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None, "code": "internal_error"}})
-
-
-async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged):
+async def _stream_completion(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged, echoes=(),
+                             score_only=False):
     usage = render.Usage()
     offsets: dict[int, int] = {}
     base = {"id": rid, "object": "text_completion", "created": created, "model": name}
     async for idx, d in merged(streams, n):
         if d.finish_reason == "error":
-            yield _error_event(d)
+            yield render.error_event(d)
             continue
+        if echoes and idx not in offsets:  # the prompt comes first (with its logprobs, on its first delta)
+            echo = echoes[idx // n]
+            lp = echo.logprobs(tokenizer, d.prompt_logprobs, k) if params.logprobs is not None else None
+            offsets[idx] = len(echo.text)
+            chunk = dict(base, choices=[{"index": idx, "text": echo.text, "logprobs": lp, "finish_reason": None}])
+            if include_usage:
+                chunk["usage"] = None
+            yield render.sse(chunk)
+        if score_only:  # the prompt alone: the generated token is not shown nor counted
+            finish = "length" if d.finish_reason else None
+            d = dataclasses.replace(d, text="", token_ids=[], logprobs=[], completion_tokens=0, finish_reason=finish)
         lp = None
         if params.logprobs is not None and d.token_ids:
             lp = render.completion_logprobs(tokenizer, d.token_ids, d.logprobs, k, offsets.get(idx, 0))
@@ -312,36 +340,6 @@ async def _stream_completion(streams, n, rid, created, name, tokenizer, k, inclu
             yield render.sse(chunk)
         if d.finish_reason is not None:
             usage.add_final(d)
-    if include_usage:
-        yield render.sse(dict(base, choices=[], usage=usage.body()))
-    yield render.sse("[DONE]")
-
-
-async def _stream_chat(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged):
-    usage = render.Usage()
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name}
-
-    def chunk(idx: int, delta: dict, finish=None, logprobs=None) -> str:
-        c = dict(base, choices=[{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
-        if include_usage:
-            c["usage"] = None
-        return render.sse(c)
-
-    for idx in range(n * len(streams)):
-        yield chunk(idx, {"role": "assistant", "content": ""})
-    async for idx, d in merged(streams, n):
-        if d.finish_reason == "error":
-            yield _error_event(d)
-            continue
-        if d.text or d.token_ids:
-            lp = None
-            if params.logprobs is not None and d.token_ids:
-                lp = render.chat_logprobs(tokenizer, d.token_ids, d.logprobs, k)
-            if d.text or lp:
-                yield chunk(idx, {"content": d.text}, logprobs=lp)
-        if d.finish_reason is not None:
-            usage.add_final(d)
-            yield chunk(idx, {}, finish=render.finish_reason(d.finish_reason))
     if include_usage:
         yield render.sse(dict(base, choices=[], usage=usage.body()))
     yield render.sse("[DONE]")

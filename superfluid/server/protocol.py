@@ -14,6 +14,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..engine.params import GrammarSpec, ParamError, SamplingParams
+from .tool_models import AssistantToolCall, Tool, ToolChoice
 
 
 class _Lenient(BaseModel):
@@ -66,6 +67,8 @@ class _Sampling(_Lenient):
     guided_json: dict[str, Any] | str | None = None
     priority: int = 0
     timeout: float | None = Field(default=None, gt=0)  # extension: a wall-clock deadline, seconds
+    prompt_cache_key: str | None = None  # requests sharing a key share protected cache entries
+    prompt_cache_retention: str | None = None  # "in_memory" | "24h" (engine/cache_keys.py)
 
 
 class CompletionRequest(_Sampling):
@@ -77,7 +80,7 @@ class CompletionRequest(_Sampling):
 
 
 class ContentPart(_Lenient):
-    type: str = "text"
+    type: str = "text"  # only "text" is served; others are a 400 naming them (messages.py)
     text: str | None = None
 
 
@@ -85,13 +88,8 @@ class ChatMessage(_Lenient):
     role: Literal["system", "user", "assistant", "tool", "developer"]  # anything else: 400 naming messages.N.role
     content: str | list[ContentPart] | None = None
     name: str | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(p.text or "" for p in self.content if p.type == "text")
+    tool_calls: list[AssistantToolCall] | None = None  # assistant turns that called tools
+    tool_call_id: str | None = None  # a tool result names the call it answers
 
 
 class ChatCompletionRequest(_Sampling):
@@ -100,6 +98,10 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    metadata: dict[str, Any] | None = None  # accepted and ignored, as `user` is
 
 
 # ------------------------------------------------------------------ translation
@@ -157,16 +159,13 @@ def _common(req: _Sampling, max_tokens: int | None, logprobs: int | None, defaul
         grammar=_grammar(req),
         skip_special_tokens=req.skip_special_tokens,
         priority=req.priority,
+        prompt_cache_key=req.prompt_cache_key,
+        prompt_cache_retention=req.prompt_cache_retention,
     )
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    if req.best_of is not None and req.best_of != req.n:
-        raise ParamError("best_of other than n is not supported", "best_of")
-    if req.echo:
-        raise ParamError("echo is not supported", "echo")
-    if req.suffix:
-        raise ParamError("suffix is not supported", "suffix")
+    # best_of, echo and suffix: completion_extras.py
     if req.logprobs is not None and req.logprobs < 0:
         raise ParamError("logprobs must be non-negative", "logprobs")
     return _common(req, req.max_tokens, req.logprobs, default_max=16)

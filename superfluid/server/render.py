@@ -19,8 +19,12 @@ class Choice:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    prompt_logprobs: list | None = None
+    logprobs_body: dict | None = None  # set when the body is not the tokens' own (echo)
 
     def add(self, d: Delta) -> None:
+        if d.prompt_logprobs is not None:
+            self.prompt_logprobs = d.prompt_logprobs
         self.text += d.text
         self.token_ids += d.token_ids
         self.logprobs += d.logprobs
@@ -54,6 +58,12 @@ class Usage:
 def finish_reason(reason: str | None) -> str | None:
     # "abort" and "error" are not OpenAI reasons; an aborted choice was cut short.
     return {"abort": "length", "error": "stop"}.get(reason, reason) if reason else None
+
+
+def error_event(d: Delta) -> str:
+    """A failed choice in a stream: OpenAI's error body as an event (then the stream goes on)."""
+    return sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None,
+                          "code": "internal_error"}})
 
 
 def sse(obj: dict | str) -> str:

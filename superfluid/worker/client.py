@@ -58,6 +58,7 @@ class WorkerConfig:
     restart_window: float = 300.0
     backoff_first: float = 0.2
     backoff_max: float = 5.0
+    host_cache_bytes: int = 64 << 20  # the executor's host memory for exported cache entries
 
 
 @dataclass
@@ -124,7 +125,7 @@ class WorkerClient:
         if self.rings is None:
             self.rings = SharedRings(self.desc.vocab_size, self.config.token_capacity, self.config.logits_rows)
         self.rings.request_yield(False)
-        self._call("attach_rings", [list(self.rings.spec)])
+        self._call("attach_rings", [list(self.rings.spec), self.config.host_cache_bytes])
         self.epoch += 1
         self.state = "ok"
 
@@ -281,8 +282,9 @@ class WorkerClient:
         else:
             self._call(op, [handle])
 
-    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0) -> SeedHandle | None:
-        got = self._call("lease_seed", [list(prompt), ttl_ticks, determinism_class])
+    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
+                   cache_key: int = 0) -> SeedHandle | None:
+        got = self._call("lease_seed", [list(prompt), ttl_ticks, determinism_class, cache_key])
         return None if got is None else SeedHandle(*got)
 
     def release_seed(self, handle: int) -> None:

@@ -109,14 +109,15 @@ class Worker:
     def op_describe(self) -> dict[str, Any]:
         return {"desc": asdict(self.rt.desc), "pid": os.getpid()}
 
-    def op_attach_rings(self, spec: list) -> None:
-        self.ex = Executor(self.rt, SharedRings.attach(tuple(spec)), ExecutorConfig(fatal_exit=True))
+    def op_attach_rings(self, spec: list, host_cache_bytes: int = ExecutorConfig.host_cache_bytes) -> None:
+        config = ExecutorConfig(fatal_exit=True, host_cache_bytes=host_cache_bytes)
+        self.ex = Executor(self.rt, SharedRings.attach(tuple(spec)), config)
 
     def op_ping(self) -> int:
         return os.getpid()
 
-    def op_lease_seed(self, prompt: list[int], ttl: int, determinism: int) -> list | None:
-        lease = self.ex.lease_seed(prompt, ttl, determinism)
+    def op_lease_seed(self, prompt: list[int], ttl: int, determinism: int, cache_key: int = 0) -> list | None:
+        lease = self.ex.lease_seed(prompt, ttl, determinism, cache_key)
         return None if lease is None else [lease.handle, lease.prefix_len]
 
     def op_release_seed(self, handle: int) -> None:

@@ -1,0 +1,189 @@
+"""Tool calling: what a request's ``tools`` and ``tool_choice`` ask, and how it is prompted.
+
+The call format is Hermes' (Qwen2.5, NousHermes, and what vLLM's ``hermes`` parser reads):
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+one block per call. ``tool_choice``:
+- ``none``: tools are not shown to the model and nothing is parsed;
+- ``auto`` (the default with tools): the model decides; calls are parsed from its text
+  (tool_parser.py), anything else is content;
+- ``required`` / a named function: the output is generated under a grammar that admits
+  only call blocks whose arguments follow the function's JSON schema (xgrammar, with no
+  free whitespace), so every call parses and validates. ``parallel_tool_calls`` lets
+  ``required`` write up to ``MAX_PARALLEL_CALLS`` blocks; a named function gets one.
+
+Prompting: a chat template that has tool syntax (it mentions ``tools``) renders the
+tools and tool turns itself. For one that has none (the default model's), the fallback:
+the tool list and the format above go into the system message, an assistant turn's calls
+are written as call blocks after its content, and a ``tool`` result is a ``user`` turn
+holding ``<tool_response>...</tool_response>``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import xgrammar as xgr
+
+from ..engine.params import GrammarSpec, ParamError
+from .tool_models import NamedToolChoice, Tool
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_PARALLEL_CALLS = 8
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+_NO_ARGS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    mode: str  # "none" | "auto" | "required" | "named"
+    functions: tuple[dict, ...]  # OpenAI function dicts: name, description, parameters
+    named: str | None = None
+    parallel: bool = True
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(f["name"] for f in self.functions)
+
+    @property
+    def constrained(self) -> bool:
+        """The output is nothing but call blocks, written under a grammar."""
+        return self.mode in ("required", "named")
+
+    @property
+    def parses(self) -> bool:
+        return self.mode != "none"
+
+    def grammar(self) -> GrammarSpec | None:
+        if not self.constrained:
+            return None
+        fns = [f for f in self.functions if self.mode == "required" or f["name"] == self.named]
+        one = xgr.Grammar.concat(
+            xgr.Grammar.from_ebnf(f'root ::= "{OPEN}\\n"'),
+            xgr.Grammar.union(*(_call_grammar(f) for f in fns)) if len(fns) > 1 else _call_grammar(fns[0]),
+            xgr.Grammar.from_ebnf(f'root ::= "\\n{CLOSE}"'),
+        )
+        if self.mode == "named" or not self.parallel:
+            return GrammarSpec("ebnf", str(one))
+        # root renamed, then repeated: 1..MAX_PARALLEL_CALLS blocks, one per line
+        block = re.sub(r"^root ::=", "tool_call_block ::=", str(one), count=1, flags=re.M)
+        more = MAX_PARALLEL_CALLS - 1
+        return GrammarSpec("ebnf", f'root ::= tool_call_block ("\\n" tool_call_block){{0,{more}}}\n{block}')
+
+    def prompt_tools(self) -> list[dict]:
+        """The tools as templates render them (OpenAI's shape)."""
+        return [{"type": "function", "function": f} for f in self.functions]
+
+
+def _call_grammar(f: dict) -> xgr.Grammar:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+
+
+def plan_tools(tools: list[Tool] | None, choice, parallel: bool, has_response_format: bool) -> ToolPlan | None:
+    """Check tools and tool_choice (ParamError naming the parameter); None: no tools."""
+    if not tools:
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            raise ParamError("tool_choice asks for a tool call but the request has no tools", "tool_choice")
+        return None
+    if len(tools) > MAX_TOOLS:
+        raise ParamError(f"at most {MAX_TOOLS} tools", "tools")
+    functions, seen = [], set()
+    for i, t in enumerate(tools):
+        f = t.function
+        if not _NAME.match(f.name):
+            raise ParamError(f"tools.{i}.function.name {f.name!r} must be 1-64 letters, digits, '_' or '-'",
+                             f"tools.{i}.function.name")
+        if f.name in seen:
+            raise ParamError(f"tools.{i}.function.name {f.name!r} is used by another tool", f"tools.{i}.function.name")
+        seen.add(f.name)
+        params = _check_parameters(i, f.parameters)
+        fn = {"name": f.name, "parameters": params}
+        if f.description is not None:
+            fn = {"name": f.name, "description": f.description, "parameters": params}
+        functions.append(fn)
+    if isinstance(choice, NamedToolChoice):
+        if choice.function.name not in seen:
+            raise ParamError(f"tool_choice names {choice.function.name!r}, which is not one of the tools", "tool_choice")
+        mode, named = "named", choice.function.name
+    else:
+        mode, named = choice or "auto", None
+    if mode in ("required", "named") and has_response_format:
+        raise ParamError("a required tool call cannot be combined with response_format", "tool_choice")
+    return ToolPlan(mode, tuple(functions), named, parallel)
+
+
+def _check_parameters(i: int, params: dict | None) -> dict:
+    param = f"tools.{i}.function.parameters"
+    if params is None or params == {}:
+        return dict(_NO_ARGS)
+    if params.get("type", "object") != "object":
+        raise ParamError(f"{param} must be a JSON schema of type 'object', got type {params.get('type')!r}", param)
+    try:
+        xgr.Grammar.from_json_schema(json.dumps(params), any_whitespace=False)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ParamError(f"{param} is not a JSON schema this server can follow: {_clean(str(e))}", param) from None
+    return params
+
+
+def _clean(message: str) -> str:
+    return " ".join(re.sub(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?", "", message.strip()).split())
+
+
+# ------------------------------------------------------------------ prompting
+
+
+def has_tool_syntax(template: str | None) -> bool:
+    return bool(template) and "tools" in template
+
+
+def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_generation_prompt: bool) -> str:
+    """The prompt text: the template's own tool syntax where it has one, else the fallback."""
+    show = plan is not None and plan.mode != "none"
+    if has_tool_syntax(getattr(tokenizer, "chat_template", None)):
+        extra = {"tools": plan.prompt_tools()} if show else {}
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+    msgs = [_fallback_turn(m) for m in messages]
+    if show:
+        intro = fallback_system_text(plan)
+        if msgs and msgs[0]["role"] == "system":
+            msgs[0] = dict(msgs[0], content=f"{msgs[0]['content']}\n\n{intro}" if msgs[0]["content"] else intro)
+        else:
+            msgs.insert(0, {"role": "system", "content": intro})
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
+
+
+def fallback_system_text(plan: ToolPlan) -> str:
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in plan.prompt_tools())
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        f"{OPEN}{CLOSE} XML tags:\n{OPEN}\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n{CLOSE}"
+    )
+
+
+def call_block(name: str, arguments: dict | str) -> str:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f'{OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{CLOSE}'
+
+
+def _fallback_turn(m: dict) -> dict:
+    if m["role"] == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+    if m.get("tool_calls"):
+        blocks = "\n".join(call_block(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"])
+        content = f"{m['content']}\n{blocks}" if m["content"] else blocks
+        return {k: v for k, v in m.items() if k != "tool_calls"} | {"content": content}
+    return m
