@@ -18,6 +18,13 @@ class SchedulerConfig:
     kv_watermark: float = 0.01  # share of the pool admissions leave free
     partial_emits: bool = True  # stream tokens as picked (PARTIAL_EMITS), not per tick
     speculative: bool = False  # prompt-lookup drafting (the executor's gate turns it off where it does not pay)
+    # "priority" (vLLM's semantics: lower first, FCFS among equals, a better one preempts the
+    # worst running lane when the batch or the pool is full) or "fcfs" (arrival order; a
+    # request that names a priority is refused). All-zero priorities make both FCFS.
+    scheduling_policy: str = "priority"
+    priority_aging_s: float = 0.0  # > 0: every this many seconds waited counts as one priority level better
+    host_threads: int = 4  # threads that run logits processors and samplers
+    host_grace_s: float = 0.05  # how long a tick waits for the callbacks of rows the last tick sent out
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class CompletionOutput:
     logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or token id that matched
+    error: str | None = None  # finish_reason "error": why (e.g. a logits processor raised)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

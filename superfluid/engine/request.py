@@ -91,6 +91,11 @@ class Request:
     admitted_once: bool = False
     first_token_time: float | None = None
 
+    # host sampling (a HOST lane): a row is out and its callbacks have not answered; the
+    # token they picked, to commit with the row's nonce in the next plan
+    host_row_out: bool = False
+    host_commit: object | None = None  # abi.HostCommit
+
     # handles owned by the request (0: none)
     logit_bias_handle: int = 0
     grammar_handle: int = 0
@@ -98,10 +103,6 @@ class Request:
     @property
     def history(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def priority_key(self) -> tuple[int, float]:
-        return (self.params.priority, self.arrival)
 
     @property
     def tokens_left(self) -> int:
