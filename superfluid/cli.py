@@ -24,6 +24,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-budget", type=int, default=512, help="prompt tokens prefilled per tick, over all requests")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
     p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (switches itself off where it does not pay)")
+    p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
+                   help="priority (default): a request's priority (lower first, FCFS among equals) orders the queue, and a "
+                        "better one preempts the worst running request when the batch or the KV cache is full; "
+                        "fcfs: arrival order, a request that names a priority is refused")
+    p.add_argument("--priority-aging", type=float, default=0.0, metavar="S",
+                   help="every S seconds a request has waited or run counts as one priority level better (0: off)")
 
 
 def _config(args: argparse.Namespace, **extra) -> EngineConfig:
@@ -42,6 +48,8 @@ def _config(args: argparse.Namespace, **extra) -> EngineConfig:
             prefix_caching=not args.no_prefix_cache,
             determinism_class=1 if args.deterministic else 0,
             speculative=args.speculative,
+            scheduling_policy=args.scheduling_policy,
+            priority_aging_s=args.priority_aging,
         ),
         **extra,
     )

@@ -88,6 +88,7 @@ class Scheduler:
         self._orphan_cells = 0  # what retiring them gives back (estimate)
         self._free_cells: int | None = None
         self._failed: list[Request] = []  # failed while re-planning; reported by the step
+        self._picked: list[RequestUpdate] = []  # host-picked tokens, reported by the step
         self.draining = False
         self.stats = SchedulerStats()
 
@@ -125,7 +126,8 @@ class Scheduler:
         picked (PARTIAL_EMITS) for requests that do not want logprobs; the rest
         come back in the returned updates."""
         self.host.wait(idle=False)
-        host_updates = self._host_picks()
+        # Kept until a step returns: a tick that raises (a lost worker) must not lose them.
+        self._picked += self._host_picks()
         if self.policy.aging_s > 0:
             self.policy.order(self.waiting)  # ages moved on since the last tick
         if self.config.prefix_caching and self.waiting and any(r.retire_pending for r in self.running.values()):
@@ -150,7 +152,9 @@ class Scheduler:
 
         used: set[int] = set()  # lease handles the accepted tick's admits consumed
         try:
-            return host_updates + self._plan_and_run(limits, lease, used, on_token)
+            updates = self._plan_and_run(limits, lease, used, on_token)
+            picked, self._picked = self._picked, []
+            return picked + updates
         finally:
             # A lease pins its cache entry: one a request leased but was not admitted
             # with goes back now, not at its TTL (the pool must stay evictable).
