@@ -60,10 +60,12 @@ class LLM:
             runtime_extra=tuple((runtime_args or {}).items()),
             scheduler=scheduler,
         )
-        self.engine = engine if engine is not None else build_engine(config)
+        owned = engine is None
+        self.engine = build_engine(config) if owned else engine
         self._ids = itertools.count()
-        # The worker process (if any) goes with this object, or at interpreter exit.
-        self._finalizer = weakref.finalize(self, self.engine.close)
+        # An engine this object built (and its worker process, if any) goes with it, or at
+        # interpreter exit; one handed in stays its owner's.
+        self._finalizer = weakref.finalize(self, self.engine.close if owned else (lambda: None))
 
     @property
     def tokenizer(self):

@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from .. import abi
 from ..executor.sampling import splitmix64
 from .params import SamplingParams
 
@@ -94,7 +95,7 @@ class Request:
     # host sampling (a HOST lane): a row is out and its callbacks have not answered; the
     # token they picked, to commit with the row's nonce in the next plan
     host_row_out: bool = False
-    host_commit: object | None = None  # abi.HostCommit
+    host_commit: abi.HostCommit | None = None
 
     # handles owned by the request (0: none)
     logit_bias_handle: int = 0
