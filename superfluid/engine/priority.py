@@ -8,18 +8,19 @@ the same rng base, so it ends with the text it would have had). Under ``fcfs``
 priority plays no part.
 
 Aging (``aging_s`` > 0) keeps anything from starving: each ``aging_s`` seconds a
-request has existed counts as one level better. It is measured from arrival, for
-waiting and running requests alike, so a preempted request keeps its age and an
-old request eventually outranks any newcomer.
+request has existed counts as one level better, for waiting and running requests
+alike (a preempted request keeps its age). Two requests' levels then differ by the
+same amount at every moment, so the order is static: it is the order of
+``priority * aging_s + arrival``, a virtual deadline, and an old request outranks
+every newcomer whose priority is not better by more than its head start.
 
-Invariant: keys are (effective priority, arrival); a smaller key is better. Equal
-priorities never preempt each other (the victim must be strictly worse), so
-preemption cannot thrash between equals.
+Invariant: keys are (level, arrival); a smaller key is better. Equal levels never
+preempt each other (the victim must be strictly worse), and the order never changes
+while requests wait, so preemption cannot thrash.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -41,33 +42,27 @@ class PriorityPolicy:
     def preempts(self) -> bool:
         return self.kind == "priority"
 
-    def level(self, req: Request, now: float) -> float:
+    def level(self, req: Request) -> float:
         if self.kind == "fcfs":
             return 0.0
-        level = float(req.params.priority)
         if self.aging_s > 0:
-            level -= (now - req.arrival) / self.aging_s
-        return level
+            return req.params.priority + req.arrival / self.aging_s  # the level at any moment, plus a constant
+        return float(req.params.priority)
 
-    def key(self, req: Request, now: float | None = None) -> tuple[float, float]:
-        now = time.monotonic() if now is None else now
-        return (self.level(req, now), req.arrival)
+    def key(self, req: Request) -> tuple[float, float]:
+        return (self.level(req), req.arrival)
 
     def order(self, waiting: list[Request]) -> None:
         """Sort the queue in place, best first (stable: FCFS among equals)."""
-        now = time.monotonic()
-        waiting.sort(key=lambda r: self.key(r, now))
+        waiting.sort(key=self.key)
 
     def worst(self, running: Iterable[Request]) -> Request | None:
         """The running request to give way first: worst priority, newest among equals."""
-        now = time.monotonic()
-        return max(running, key=lambda r: self.key(r, now), default=None)
+        return max(running, key=self.key, default=None)
 
     def victims(self, running: Iterable[Request], candidate: Request) -> list[Request]:
         """Running requests strictly worse than ``candidate``, worst first."""
         if not self.preempts:
             return []
-        now = time.monotonic()
-        level = self.level(candidate, now)
-        worse = [r for r in running if self.level(r, now) > level]
-        return sorted(worse, key=lambda r: self.key(r, now), reverse=True)
+        level = self.level(candidate)
+        return sorted((r for r in running if self.level(r) > level), key=self.key, reverse=True)

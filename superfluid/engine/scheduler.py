@@ -128,8 +128,6 @@ class Scheduler:
         self.host.wait(idle=False)
         # Kept until a step returns: a tick that raises (a lost worker) must not lose them.
         self._picked += self._host_picks()
-        if self.policy.aging_s > 0:
-            self.policy.order(self.waiting)  # ages moved on since the last tick
         if self.config.prefix_caching and self.waiting and any(r.retire_pending for r in self.running.values()):
             # Publish finished lanes before leasing, so a request that shares their
             # prefix (the next turn, a resent prompt) is seeded from them.
