@@ -240,3 +240,34 @@ def test_worker_crash_replays_committed_tokens_and_calls_again_only_for_the_row_
         assert killed.is_set() and llm.engine.ex.restart_count == 1
         assert texts(outs) == ref and outs[0].outputs[0].finish_reason == "length"
         assert calls[6] == 2 and all(calls[i] == 1 for i in range(20) if i != 6), calls
+
+
+def test_plans_commit_with_the_rows_nonce_and_skip_a_lane_whose_row_is_out():
+    from test_scheduler import make_engine
+
+    eng, ex = make_engine()
+    gate = threading.Event()
+
+    def held(ids, logits):
+        if len(ids) == 1:
+            gate.wait(5)
+        return logits
+
+    tok = eng.tokenizer
+    eng.add_request("host", tok.encode("host lane"), PLAIN.with_(max_tokens=4, logits_processors=[held]))
+    eng.add_request("plain", tok.encode("plain lane"), PLAIN.with_(max_tokens=30))
+    for _ in range(12):
+        eng.step()
+    (host_tag,) = [r.lane_tag for r in eng.scheduler.running.values() if r.params.host_sampled]
+    plans = ex.accepted()
+    stuck = [p for p in plans[-8:] if any(d.lane_tag == host_tag for d in p.decodes)]
+    assert not stuck  # row 1 is out: its lane is not decoded, the plain one is
+    assert all(any(d.lane_tag != host_tag for d in p.decodes) for p in plans[-8:])
+    gate.set()
+    while eng.has_work():
+        eng.step()
+    commits = [c for p in ex.accepted() for c in p.commits]
+    # tokens 1-3 are committed (the executor checked each nonce); the 4th ends the request
+    assert [c.lane_tag for c in commits] == [host_tag] * 3
+    assert eng.collected["host/0"]["finish"] == "length" and len(eng.collected["host/0"]["ids"]) == 4
+    assert len(eng.collected["plain/0"]["ids"]) == 30
