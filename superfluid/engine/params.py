@@ -76,7 +76,9 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        if not isinstance(self.logits_processors, tuple):
+        if callable(self.logits_processors):  # one processor given bare
+            object.__setattr__(self, "logits_processors", (self.logits_processors,))
+        elif not isinstance(self.logits_processors, tuple):
             object.__setattr__(self, "logits_processors", tuple(self.logits_processors or ()))
 
     def with_(self, **kw) -> "SamplingParams":
