@@ -60,7 +60,7 @@ class ShedKind(IntEnum):
 class Sampling(IntEnum):
     GREEDY = 0  # argmax, wherever the runtime runs it
     SAMPLE = 1  # temperature / top-k / top-p / min-p with a counter-based draw
-    HOST = 2  # the row goes to the caller, which commits a token next tick
+    HOST = 2  # the row (grammar-masked, biased, penalised) goes to the caller, which commits a token in a later tick
 
 
 class SamplingFlag:

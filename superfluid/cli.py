@@ -29,6 +29,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="share of the KV pool that prompt_cache_key entries hold against eviction (default 0.25)")
     p.add_argument("--host-cache-mb", type=int, default=64,
                    help="host memory for prefix-cache entries exported out of the pool (24h retention first; default 64)")
+    p.add_argument("--scheduling-policy", default="priority", choices=["priority", "fcfs"],
+                   help="priority (default): a request's priority (lower first, FCFS among equals) orders the queue, and a "
+                        "better one preempts the worst running request when the batch or the KV cache is full; "
+                        "fcfs: arrival order, a request that names a priority is refused")
+    p.add_argument("--priority-aging", type=float, default=0.0, metavar="S",
+                   help="every S seconds a request has waited or run counts as one priority level better (0: off)")
 
 
 def _config(args: argparse.Namespace, **extra) -> EngineConfig:
@@ -49,6 +55,8 @@ def _config(args: argparse.Namespace, **extra) -> EngineConfig:
             prefix_caching=not args.no_prefix_cache,
             determinism_class=1 if args.deterministic else 0,
             speculative=args.speculative,
+            scheduling_policy=args.scheduling_policy,
+            priority_aging_s=args.priority_aging,
         ),
         **extra,
     )

@@ -196,7 +196,6 @@ ILLEGAL_CAUSES = [
     "admit_tag_twice",
     "admit_tag_zero",
     "empty_prompt",
-    "grammar_with_host_sampling",
     "wrong_prefill_offset",
     "prefill_twice",
     "decode_before_fully_prefilled",
@@ -252,10 +251,6 @@ def test_reject_illegal_combination(cause):
         assert empty.length == 0
         bad = d.plan(admits=[LaneAdmit(5, empty)])
         good = d.plan(admits=[LaneAdmit(5, ref)])
-    elif cause == "grammar_with_host_sampling":
-        g = ex.compile_grammar("regex", "[a-z]+")
-        bad = d.plan(admits=[LaneAdmit(5, ref, sampling=Sampling.HOST, grammar_handle=g)])
-        good = d.plan(admits=[LaneAdmit(5, ref, sampling=Sampling.GREEDY, grammar_handle=g)])
     elif cause == "wrong_prefill_offset":
         bad = d.plan(prefills=[PrefillChunk(PARTIAL, 3, 2)])
         good = d.plan(prefills=[PrefillChunk(PARTIAL, 4, 2)])

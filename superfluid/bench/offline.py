@@ -53,9 +53,9 @@ def _bench_superfluid(llm, prompts: list[list[int]], output_len: int) -> tuple[d
     from superfluid import SamplingParams
 
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    llm.generate([prompts[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))  # warm-up
+    llm.generate([prompts[0]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)  # warm-up
     t = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t
     toks = [list(o.outputs[0].token_ids) for o in outs]
     n = sum(len(x) for x in toks)

@@ -20,6 +20,13 @@ class SchedulerConfig:
     speculative: bool = False  # prompt-lookup drafting (the executor's gate turns it off where it does not pay)
     # prompt_cache_key: keyed cache entries up to this share of the pool are never evicted
     cache_protected_fraction: float = 0.25
+    # "priority" (vLLM's semantics: lower first, FCFS among equals, a better one preempts the
+    # worst running lane when the batch or the pool is full) or "fcfs" (arrival order; a
+    # request that names a priority is refused). All-zero priorities make both FCFS.
+    scheduling_policy: str = "priority"
+    priority_aging_s: float = 0.0  # > 0: every this many seconds waited counts as one priority level better
+    host_threads: int = 4  # threads that run logits processors and samplers
+    host_grace_s: float = 0.05  # how long a tick waits for the callbacks of rows the last tick sent out
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ class Engine:
         self.config = config
         self.model_name = model_name or config.model or executor.desc.runtime_id
         self.desc = executor.desc
-        self.scheduler = Scheduler(executor, rings, config.scheduler)
-        self._load_strategy()
         self._eos = frozenset(getattr(tokenizer, "eos_ids", ()) or ())
+        self.scheduler = Scheduler(executor, rings, config.scheduler, eos_ids=self._eos)
+        self._load_strategy()
         self._groups: dict[str, list[Request]] = {}
         self._choices: dict[int, ChoiceState] = {}  # id(request) -> its text state
         self._out: list[Delta] = []
@@ -74,6 +74,12 @@ class Engine:
                 "prompt",
             )
         params.validate(self.vocab_size, self.config.max_n)
+        if params.priority != 0 and not self.scheduler.policy.preempts:
+            raise ParamError(
+                f"priority {params.priority} was given, but priority scheduling is not enabled "
+                "(the scheduling policy is fcfs)",
+                "priority",
+            )
         room = self.max_seq_len - len(prompt_token_ids)
         total = params.n * (room if params.max_tokens is None else min(params.max_tokens, room))
         if total > self.config.max_request_tokens:
@@ -153,6 +159,7 @@ class Engine:
         """Stop the model's worker process, if one runs it."""
         from ..worker.client import WorkerClient
 
+        self.scheduler.host.close()
         if isinstance(self.ex, WorkerClient):
             self.ex.close()
 

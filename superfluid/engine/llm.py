@@ -1,21 +1,30 @@
-"""The offline Python API: ``LLM(model=...).generate(prompts, SamplingParams(...))``.
+"""The offline Python API, at vLLM's level: ``LLM(model=...).generate(prompts, sampling_params)``.
 
 Runs the engine on the caller's thread until every request of the call finished,
-and returns vLLM-shaped ``RequestOutput``s in the order of the prompts.
+and returns vLLM-shaped ``RequestOutput``s in the order of the prompts. Prompts are
+strings, token-id lists, or vLLM's dicts (``{"prompt": ...}``,
+``{"prompt_token_ids": [...]}``); ``sampling_params`` is one ``SamplingParams`` or
+one per prompt. ``LLM(..., worker=True)`` runs the model in the supervised worker
+process, as the server does (a worker that dies is replaced and its requests
+replayed); logits processors and samplers still run here, on the rows that cross
+the shared-memory ring.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from typing import Sequence
+import weakref
+from typing import Any, Callable, Sequence
 
 from .config import EngineConfig, SchedulerConfig
 from .engine import Engine
 from .loader import build_engine
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, Delta, RequestOutput
 from .params import SamplingParams
 
-PromptLike = str | list[int]
+PromptLike = str | list[int] | dict
+TQDM_AUTO_MIN = 5  # use_tqdm=None: a progress bar from this many prompts on
 
 
 class LLM:
@@ -30,11 +39,14 @@ class LLM:
         max_batch: int = 0,
         deterministic: bool = False,
         scheduler: SchedulerConfig = SchedulerConfig(),
+        scheduling_policy: str | None = None,  # "priority" | "fcfs" (default: the scheduler config's)
+        worker: bool = False,
+        runtime_args: dict[str, Any] | None = None,  # more keyword arguments for the runtime
         progress: bool = False,
         engine: Engine | None = None,
-        runtime_args: dict | None = None,
     ):
-        """runtime_args: more keyword arguments for the runtime (e.g. llamacpp's n_ctx)."""
+        if scheduling_policy is not None:
+            scheduler = dataclasses.replace(scheduler, scheduling_policy=scheduling_policy)
         config = EngineConfig(
             model=model or "",
             runtime=runtime,
@@ -44,86 +56,168 @@ class LLM:
             max_batch=max_batch,
             deterministic=deterministic,
             progress=progress,
-            scheduler=scheduler,
+            worker=worker,
             runtime_extra=tuple((runtime_args or {}).items()),
+            scheduler=scheduler,
         )
-        self.engine = engine if engine is not None else build_engine(config)
+        owned = engine is None
+        self.engine = build_engine(config) if owned else engine
         self._ids = itertools.count()
+        # An engine this object built (and its worker process, if any) goes with it, or at
+        # interpreter exit; one handed in stays its owner's.
+        self._finalizer = weakref.finalize(self, self.engine.close if owned else (lambda: None))
 
     @property
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def close(self) -> None:
+        """Stop the model's worker process, if one runs it."""
+        self._finalizer()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ generation
     def generate(
         self,
-        prompts: PromptLike | Sequence[PromptLike],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        prompts: PromptLike | Sequence[PromptLike] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        prompt_token_ids: list[int] | Sequence[list[int]] | None = None,
+        use_tqdm: bool | Callable | None = None,
+        priority: Sequence[int] | None = None,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,  # the earlier name
     ) -> list[RequestOutput]:
-        """Prompts are strings or token-id lists (one, or a list of them)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if prompts is None:
+            if prompt_token_ids is None:
+                raise ValueError("give prompts or prompt_token_ids")
+            prompts = [list(prompt_token_ids)] if _is_ids(prompt_token_ids) else [list(p) for p in prompt_token_ids]
+        elif prompt_token_ids is not None:
+            raise ValueError("give prompts or prompt_token_ids, not both")
+        if isinstance(prompts, (str, dict)) or _is_ids(prompts):
             prompts = [prompts]  # type: ignore[list-item]
         texts, ids = [], []
         for p in prompts:
-            if isinstance(p, str):
-                texts.append(p)
-                ids.append(self.tokenizer.encode(p, add_special_tokens=False))
-            else:
-                texts.append(None)
-                ids.append(list(p))
-        return self._run(texts, ids, params)
+            text, toks = self._prompt(p)
+            texts.append(text)
+            ids.append(toks)
+        return self._run(texts, ids, sampling_params if sampling_params is not None else params, use_tqdm, priority)
 
     def chat(
         self,
         messages: list[dict] | Sequence[list[dict]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool | Callable | None = None,
         add_generation_prompt: bool = True,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,  # the earlier name
     ) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"}) or a list of them."""
+        """One conversation (a list of {"role", "content"}) or a batch of them."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt) for c in convs]
         ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
-        return self._run(texts, ids, params)
+        return self._run(texts, ids, sampling_params if sampling_params is not None else params, use_tqdm, None)
 
-    def _run(self, texts, ids, params) -> list[RequestOutput]:
+    def _prompt(self, p: PromptLike) -> tuple[str | None, list[int]]:
+        if isinstance(p, dict):
+            if "prompt_token_ids" in p:
+                return p.get("prompt"), [int(t) for t in p["prompt_token_ids"]]
+            if "prompt" in p:
+                p = p["prompt"]
+            else:
+                raise ValueError("a prompt dict has 'prompt' or 'prompt_token_ids'")
+        if isinstance(p, str):
+            return p, self.tokenizer.encode(p, add_special_tokens=False)
+        return None, [int(t) for t in p]
+
+    def _run(self, texts, ids, params, use_tqdm, priority) -> list[RequestOutput]:
         if params is None:
             params = SamplingParams()
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(ids)
         if len(plist) != len(ids):
-            raise ValueError("one SamplingParams, or one per prompt")
+            raise ValueError(f"one SamplingParams, or one per prompt ({len(ids)}); got {len(plist)}")
+        if priority is not None:
+            if len(priority) != len(ids):
+                raise ValueError(f"one priority per prompt ({len(ids)}); got {len(priority)}")
+            plist = [p.with_(priority=int(pr)) for p, pr in zip(plist, priority)]
         outputs: dict[str, RequestOutput] = {}
         order = []
-        for text, toks, p in zip(texts, ids, plist):
-            rid = f"llm-{next(self._ids)}"
-            reqs = self.engine.add_request(rid, toks, p)
-            outputs[rid] = RequestOutput(rid, text, list(toks), [CompletionOutput(index=i) for i in range(len(reqs))])
-            order.append(rid)
+        try:
+            for text, toks, p in zip(texts, ids, plist):
+                rid = f"llm-{next(self._ids)}"
+                reqs = self.engine.add_request(rid, toks, p)
+                outputs[rid] = RequestOutput(rid, text, list(toks), [CompletionOutput(index=i) for i in range(len(reqs))])
+                order.append(rid)
+        except BaseException:
+            for rid in order:  # a bad prompt refuses the call: none of it stays queued
+                self.engine.abort(rid)
+            self._settle()
+            raise
+        bar = _progress(use_tqdm, len(order))
         pending = set(outputs)
-        while pending:
-            for d in self.engine.step():
-                out = outputs.get(d.request_id)
-                if out is None:
-                    continue
-                c = out.outputs[d.index]
-                c.text += d.text
-                c.token_ids += d.token_ids
-                if d.logprobs:
-                    c.logprobs = (c.logprobs or []) + d.logprobs
-                if d.prompt_logprobs is not None:
-                    c.prompt_logprobs = d.prompt_logprobs
-                if d.finish_reason is not None:
-                    c.finish_reason = d.finish_reason
-                    c.stop_reason = d.stop_reason
-                    out.num_cached_tokens = max(out.num_cached_tokens, d.cached_tokens)
-                    if all(o.finish_reason for o in out.outputs):
-                        out.finished = True
+        try:
+            while pending:
+                for d in self.engine.step():
+                    if _apply(outputs.get(d.request_id), d):
                         pending.discard(d.request_id)
-            if pending and not self.engine.has_work():
-                raise RuntimeError("the engine stopped with requests unfinished")
-        while self.engine.has_work():  # retire (and publish) the finished lanes
-            self.engine.step()
+                        if bar is not None:
+                            bar.update(1)
+                if pending and not self.engine.has_work():
+                    raise RuntimeError("the engine stopped with requests unfinished")
+        finally:
+            if bar is not None:
+                bar.close()
+        self._settle()
         for out in outputs.values():
             for c in out.outputs:
                 if c.logprobs is not None:
                     c.cumulative_logprob = sum(next(iter(e.values())).logprob for e in c.logprobs if e)
         return [outputs[r] for r in order]
 
+    def _settle(self) -> None:
+        while self.engine.has_work():  # retire (and publish) the finished lanes
+            self.engine.step()
+
+
+def _is_ids(x) -> bool:
+    return isinstance(x, (list, tuple)) and bool(x) and isinstance(x[0], int)
+
+
+def _apply(out: RequestOutput | None, d: Delta) -> bool:
+    """Fold a delta into its output; True when that finished the whole request."""
+    if out is None:
+        return False
+    c = out.outputs[d.index]
+    c.text += d.text
+    c.token_ids += d.token_ids
+    if d.logprobs:
+        c.logprobs = (c.logprobs or []) + d.logprobs
+    if d.prompt_logprobs is not None:
+        c.prompt_logprobs = d.prompt_logprobs
+    if d.finish_reason is None:
+        return False
+    c.finish_reason, c.stop_reason, c.error = d.finish_reason, d.stop_reason, d.error
+    out.num_cached_tokens = max(out.num_cached_tokens, d.cached_tokens)
+    if all(o.finish_reason for o in out.outputs):
+        out.finished = True
+        return True
+    return False
+
+
+def _progress(use_tqdm: bool | Callable | None, total: int):
+    if use_tqdm is None:
+        use_tqdm = total >= TQDM_AUTO_MIN
+    if not use_tqdm:
+        return None
+    if callable(use_tqdm):
+        return use_tqdm(total=total, desc="Processed prompts", unit="prompt")
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", unit="prompt", dynamic_ncols=True)

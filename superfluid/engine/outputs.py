@@ -31,6 +31,7 @@ class CompletionOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # with prompt_logprobs; the first is None
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or token id that matched
+    error: str | None = None  # finish_reason "error": why (e.g. a logits processor raised)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -10,6 +10,7 @@ top_logprobs up to 20).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 from .. import abi
 from ..abi import MAX_TOP_LOGPROBS
@@ -60,6 +61,13 @@ class SamplingParams:
     grammar: GrammarSpec | None = None
     skip_special_tokens: bool = True
     priority: int = 0  # lower runs first; FCFS among equals
+    # Host-side sampling (vLLM's per-request signatures): each processor is
+    # fn(output_token_ids, logits) -> logits or fn(prompt_token_ids, output_token_ids, logits),
+    # applied in order after the grammar mask, logit bias and penalties; the sampler,
+    # fn(output_token_ids, logits) -> token id (or with prompt ids first), picks the token
+    # in place of greedy / the seeded draw. Either makes the request's lane a HOST lane.
+    logits_processors: Sequence[Callable] = ()
+    sampler: Callable | None = None
 
     def __post_init__(self):
         # Accept lists and a single string for convenience, keep tuples inside.
@@ -71,6 +79,10 @@ class SamplingParams:
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        if callable(self.logits_processors):  # one processor given bare
+            object.__setattr__(self, "logits_processors", (self.logits_processors,))
+        elif not isinstance(self.logits_processors, tuple):
+            object.__setattr__(self, "logits_processors", tuple(self.logits_processors or ()))
 
     def with_(self, **kw) -> "SamplingParams":
         return replace(self, **kw)
@@ -78,6 +90,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def host_sampled(self) -> bool:
+        """Tokens are picked on the engine's side (a HOST lane)."""
+        return bool(self.logits_processors) or self.sampler is not None
 
     def validate(self, vocab_size: int | None = None, max_n: int = 16) -> None:
         """Raise ParamError for anything outside its range."""
@@ -122,6 +139,11 @@ class SamplingParams:
                 raise ParamError(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
             if not -100.0 <= float(v) <= 100.0:
                 raise ParamError(f"logit_bias values must be in [-100, 100], got {v} for token {tok}", "logit_bias")
+        for i, fn in enumerate(self.logits_processors):
+            if not callable(fn):
+                raise ParamError(f"logits_processors[{i}] is not callable", "logits_processors")
+        if self.sampler is not None and not callable(self.sampler):
+            raise ParamError("sampler is not callable", "sampler")
         if vocab_size is not None:
             for tok in self.stop_token_ids:
                 if not 0 <= tok < vocab_size:
@@ -129,6 +151,8 @@ class SamplingParams:
 
     # ---------------------------------------------------------------- abi side
     def abi_sampling(self) -> int:
+        if self.host_sampled:
+            return abi.Sampling.HOST
         return abi.Sampling.GREEDY if self.greedy else abi.Sampling.SAMPLE
 
     def abi_params(self) -> abi.SamplingParams:

@@ -15,6 +15,7 @@ from typing import Callable
 
 from .. import abi
 from .config import SchedulerConfig
+from .priority import PriorityPolicy
 from .request import Request, Status, next_lane_tag
 
 MAX_GRANT = 0xFFFF  # max_new_tokens is a u16 in the reference ABI
@@ -54,6 +55,9 @@ class ScheduledTick:
     retires: list[int] = field(default_factory=list)
     latency_sensitive: bool = False
     short_of_cells: bool = False  # the estimate says running lanes alone do not fit
+    # Running requests that must give way to a better-priority waiting one (the plan is
+    # not run: the scheduler preempts them and plans again).
+    preempt_for: list[Request] | None = None
 
     @property
     def empty(self) -> bool:
@@ -74,16 +78,29 @@ class SchedulerView:
 
 
 class Planner:
-    def __init__(self, config: SchedulerConfig, desc, max_running: int):
+    def __init__(self, config: SchedulerConfig, desc, max_running: int, policy: PriorityPolicy = PriorityPolicy()):
         self.config = config
         self.desc = desc
         self.max_running = max_running
+        self.policy = policy
         self.strategy_slot = 0  # the loaded speculative strategy lanes opt into (0: none)
         self._plan_seq = 0
 
     def next_plan_seq(self) -> int:
         self._plan_seq += 1
         return self._plan_seq
+
+    def _give_way(self, live: list[Request], req: Request, short: int) -> list[Request] | None:
+        """The fewest worse-priority running requests whose cells cover ``short``; None
+        when even all of them would not (then nobody is preempted for nothing)."""
+        page = max(1, self.desc.page)
+        chosen, freed = [], 0
+        for victim in self.policy.victims(live, req):
+            chosen.append(victim)
+            freed += -(-victim.held_tokens() // page) * page
+            if freed >= short:
+                return chosen
+        return None
 
     def build(
         self,
@@ -116,9 +133,16 @@ class Planner:
         prefills: list[abi.PrefillChunk] = []
         # lanes fully prefilled after this tick: (request, lane tag, replay tokens to go, tokens held)
         ready: list[tuple[Request, int, int, int]] = []
+        commits: list[abi.HostCommit] = []
+        host_waiting = 0  # lanes whose rows are out with their callbacks
         for req in live:
             if req.lane_finished:
                 continue  # waits for the engine to finish it; cannot decode again
+            if req.host_commit is not None:
+                commits.append(req.host_commit)
+            elif req.host_row_out:
+                host_waiting += 1
+                continue  # its callbacks have not answered: no decode until they do
             take = min(req.prefill_end - req.prefilled, budget)
             if take > 0:
                 prefills.append(abi.PrefillChunk(req.lane_tag, req.prefilled, take))
@@ -149,12 +173,19 @@ class Planner:
         siblings = {r.group_id for r in view.waiting if r.index > 0}
         if not view.draining and not tick.short_of_cells:
             for req in view.waiting:
-                if len(admits) >= max_admits or n_lanes >= self.max_running:
-                    blocked = True
-                    break
                 lead = leaders.get(req.group_id) if forking and req.index > 0 and not req.output_token_ids else None
                 if lead is not None and not lead.is_finished and (lead.status is Status.WAITING or not lead.prefill_done):
                     continue  # forks once the first choice's prompt is cached
+                if len(admits) >= max_admits:
+                    blocked = True
+                    break
+                if n_lanes >= self.max_running:
+                    victims = self.policy.victims(live, req)
+                    if victims:
+                        tick.preempt_for = victims[:1]
+                        return tick
+                    blocked = True
+                    break
                 history = req.history
                 seed = lease(req) if (cfg.prefix_caching and limits.use_seeds) else None
                 prefix = seed.prefix_len if seed else 0
@@ -169,6 +200,9 @@ class Planner:
                 copied = 0 if self.desc.copy_shares_cells else prefix
                 cells = cost(0, copied) + cost(prefix, take + (len(history) - prefill_end) + 1)
                 if free is not None and cells > free:
+                    tick.preempt_for = self._give_way(live, req, cells - free)
+                    if tick.preempt_for:
+                        return tick
                     blocked = True
                     break
                 tag = next_lane_tag()
@@ -210,12 +244,14 @@ class Planner:
         # Several rounds per tick amortize the tick's overhead, but only while nobody
         # waits for a first token (a waiting request, a lane still prefilling) and the
         # pool has room for them; one round's cells were reserved above.
-        still_prefilling = n_lanes > len(ready)
+        still_prefilling = n_lanes - host_waiting > len(ready)
         waiting_left = len(view.waiting) > len(admits)
         tick.latency_sensitive = bool(waiting_left and not view.draining) or still_prefilling or blocked
         rounds = 1 if tick.latency_sensitive else cfg.max_rounds
         if limits.rounds is not None:
             rounds = min(rounds, limits.rounds)
+        if any(r.params.host_sampled for r in live):
+            rounds = 1  # a host lane takes a token a tick: longer ticks would hold it back
         if rounds > 1 and free is not None:
             extra = sum(cost(held, r + min(rounds, req.tokens_left)) - cost(held, r + 1) for req, _, r, held in ready)
             if extra > free:
@@ -223,6 +259,8 @@ class Planner:
         decodes: list[abi.LaneDecode] = []
         for req, tag, replay_left, _ in ready:
             k = min(min(rounds, req.tokens_left) + replay_left, MAX_GRANT)
+            if req.params.host_sampled:
+                k = min(1 + replay_left, MAX_GRANT)  # one row, after the replay
             if k <= 0:
                 continue
             decodes.append(abi.LaneDecode(tag, k))
@@ -230,6 +268,7 @@ class Planner:
 
         tick.plan = abi.TickPlan(
             plan_seq=self.next_plan_seq(),
+            commits=commits,
             flags=abi.TickFlag.DRAIN if view.draining else 0,
             admits=admits,
             prefills=prefills,

@@ -22,6 +22,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from .. import abi
 from ..executor.sampling import splitmix64
 from .params import SamplingParams
 
@@ -96,6 +97,11 @@ class Request:
     # re-admitted lane scores the same positions again, to the same values
     prompt_scores: dict = field(default_factory=dict)
 
+    # host sampling (a HOST lane): a row is out and its callbacks have not answered; the
+    # token they picked, to commit with the row's nonce in the next plan
+    host_row_out: bool = False
+    host_commit: abi.HostCommit | None = None
+
     # handles owned by the request (0: none)
     logit_bias_handle: int = 0
     grammar_handle: int = 0
@@ -103,10 +109,6 @@ class Request:
     @property
     def history(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
-
-    @property
-    def priority_key(self) -> tuple[int, float]:
-        return (self.params.priority, self.arrival)
 
     @property
     def tokens_left(self) -> int:

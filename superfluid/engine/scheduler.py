@@ -18,7 +18,6 @@ tick short when a request arrives.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,8 +25,11 @@ import msgspec
 
 from .. import abi
 from .config import SchedulerConfig
+from .host_pick import HostPickError
+from .host_sampling import HostSampler
 from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
 from . import cache_keys
+from .priority import PriorityPolicy
 from .request import FinishReason, Request, Status
 
 
@@ -75,13 +77,16 @@ _FINISH = {abi.Finish.EOS: FinishReason.STOP, abi.Finish.LENGTH: FinishReason.LE
 
 
 class Scheduler:
-    def __init__(self, executor, rings, config: SchedulerConfig = SchedulerConfig()):
+    def __init__(self, executor, rings, config: SchedulerConfig = SchedulerConfig(), eos_ids: frozenset[int] = frozenset()):
         self.ex = executor
         self.rings = rings
         self.config = config
         self.desc = executor.desc
+        self.eos_ids = eos_ids  # a host-picked EOS ends its request here (the executor only sees commits)
         self.max_running = config.max_running or self.desc.max_batch
-        self.planner = Planner(config, self.desc, self.max_running)
+        self.policy = PriorityPolicy(config.scheduling_policy, config.priority_aging_s)
+        self.planner = Planner(config, self.desc, self.max_running, self.policy)
+        self.host = HostSampler(config.host_threads, config.host_grace_s)
         self.waiting: list[Request] = []  # priority order; FCFS among equals
         self.running: dict[int, Request] = {}  # lane tag -> request, admission order
         self._orphans: list[abi.LaneRetire] = []  # lanes of preempted requests, to retire
@@ -89,14 +94,15 @@ class Scheduler:
         self._free_cells: int | None = None
         self._failed: list[Request] = []  # failed while re-planning; reported by the step
         self._protected_quota = 0  # bytes of keyed cache entries the plans protect
+        self._picked: list[RequestUpdate] = []  # host-picked tokens, reported by the step
         self.draining = False
         self.stats = SchedulerStats()
 
     # ------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
-        keys = [r.priority_key for r in self.waiting]
-        self.waiting.insert(bisect.bisect_right(keys, req.priority_key), req)
+        self.waiting.append(req)
+        self.policy.order(self.waiting)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """End a request (stop string, abort); a live lane retires at the next tick."""
@@ -125,6 +131,9 @@ class Scheduler:
         """Plan, run and apply one tick. ``on_token`` receives tokens as they are
         picked (PARTIAL_EMITS) for requests that do not want logprobs; the rest
         come back in the returned updates."""
+        self.host.wait(idle=False)
+        # Kept until a step returns: a tick that raises (a lost worker) must not lose them.
+        self._picked += self._host_picks()
         if self.config.prefix_caching and self.waiting and any(r.retire_pending for r in self.running.values()):
             # Publish finished lanes before leasing, so a request that shares their
             # prefix (the next turn, a resent prompt) is seeded from them.
@@ -150,7 +159,9 @@ class Scheduler:
 
         used: set[int] = set()  # lease handles the accepted tick's admits consumed
         try:
-            return self._plan_and_run(limits, lease, used, on_token)
+            updates = self._plan_and_run(limits, lease, used, on_token)
+            picked, self._picked = self._picked, []
+            return picked + updates
         finally:
             # A lease pins its cache entry: one a request leased but was not admitted
             # with goes back now, not at its TTL (the pool must stay evictable).
@@ -162,13 +173,20 @@ class Scheduler:
         for _ in range(self.config.max_replans):
             self.rings.begin_prompts()
             tick = self.planner.build(self._view(), limits, lease, self.rings.write_prompt)
+            if tick.preempt_for:
+                # A waiting request of better priority than these lanes met a full batch or
+                # pool: they give way (retired unpublished, replayed later to the same text).
+                for victim in tick.preempt_for:
+                    self._preempt(victim)
+                continue
             if tick.empty:
+                self.host.wait(idle=True)  # only callbacks are running: let one answer
                 return self._take_failed()
             live = [r for r in self.running.values() if not r.retire_pending]
             if tick.short_of_cells and len(live) > 1:
                 # The last events say the running lanes will not all fit another round:
                 # preempt now rather than let the runtime fault them mid-tick.
-                self._preempt(max(live, key=lambda r: r.priority_key))
+                self._preempt(self.policy.worst(live))
                 limits.max_admits = 0  # not this tick: the preempted request would come right back
                 continue
             self.rings.set_latency_wanted(tick.latency_sensitive)
@@ -200,7 +218,7 @@ class Scheduler:
             self.rings.write_prompt,
         )
         # Only the retires: running lanes make no progress in this tick.
-        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], flags=0,
+        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], commits=[], flags=0,
                                             protected_quota_bytes=self._protected_quota)
         tick.prefills, tick.decodes = {}, {}
         out = self.ex.run_tick(tick.plan)
@@ -246,6 +264,10 @@ class Scheduler:
         self._orphan_cells = 0
         for tag in tick.retires:
             self.running.pop(tag, None)
+        for c in tick.plan.commits:
+            req = self.running.get(c.lane_tag)
+            if req is not None and req.host_commit is c:
+                req.host_commit = None
 
         for adm in tick.admissions:
             req = adm.request
@@ -315,6 +337,10 @@ class Scheduler:
             if emit.spec.proposed:
                 self.stats.spec_proposed += emit.spec.proposed
                 self.stats.spec_accepted += emit.spec.accepted
+            if emit.logits_row.length and not req.is_finished:
+                # A host lane's row: copied now, before the next tick rewrites the ring.
+                req.replay_pending = False
+                self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
             tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
             self.stats.generation_tokens += len(tokens)
             if emit.finish != abi.Finish.NONE:
@@ -337,6 +363,29 @@ class Scheduler:
 
         self._note_memory(events.mem)
         return list(updates.values())
+
+    def _host_picks(self) -> list[RequestUpdate]:
+        """Accept the tokens host callbacks picked; a failed callback fails its request."""
+        updates = []
+        for req, tag, nonce, got in self.host.collect():
+            u = RequestUpdate(req)
+            updates.append(u)
+            if isinstance(got, BaseException):
+                message = str(got) if isinstance(got, HostPickError) else f"host sampling failed: {got!r}"
+                self.finish(req, FinishReason.ERROR, message)
+                u.finished = True
+                continue
+            u.new_token_ids.append(got.token)
+            if got.logprob is not None:
+                u.new_logprobs.append(msgspec.structs.replace(got.logprob, lane_tag=tag))
+            self.stats.generation_tokens += 1
+            if self._accept(req, got.token):
+                if got.token in self.eos_ids and not req.params.ignore_eos:
+                    self.finish(req, FinishReason.STOP)
+                else:
+                    req.host_commit = abi.HostCommit(tag, got.token, nonce)
+            u.finished = req.is_finished
+        return updates
 
     def _count_admission(self, adm: Admission) -> None:
         req = adm.request
@@ -387,7 +436,7 @@ class Scheduler:
             limits.rounds = 1
             return limits
         if len(live) > 1:
-            self._preempt(max(live, key=lambda r: r.priority_key))
+            self._preempt(self.policy.worst(live))
             limits.max_admits = 0  # not this tick: the preempted request would come right back
             return limits
         if live:
@@ -430,6 +479,7 @@ class Scheduler:
         self._requeue(req)
 
     def _requeue(self, req: Request) -> None:
+        self.host.forget(req)
         req.prefilled = 0
         req.replay_pending = False
         req.lane_finished = False

@@ -61,6 +61,7 @@ class _Decode:
     spec_rows: dict[int, tuple[list[np.ndarray], list[int]]] = field(default_factory=dict)
     spec_stats: dict[int, list[int]] = field(default_factory=dict)  # [proposed, accepted]
     grammar_faults: list[int] = field(default_factory=list)
+    faults_oob: list[int] = field(default_factory=list)  # host rows the logits ring had no room for
 
 
 def _greedy(lane: "Lane") -> bool:
@@ -95,8 +96,8 @@ def decode_phase(ex: "Executor", st: TickState) -> None:
     replaying: list[int] = []
     for d in plan.decodes:
         dc.out[d.lane_tag] = []
-        if d.lane_tag in st.faulted:
-            continue
+        if d.lane_tag in st.faulted or d.lane_tag in st.commit_finishes:
+            continue  # gone, or its commit finished it: nothing to step
         code = ex.inject_faults.pop(d.lane_tag, None)
         if code is not None:
             fault_lane(ex, st, d.lane_tag, code)
@@ -140,6 +141,9 @@ def decode_phase(ex: "Executor", st: TickState) -> None:
             rnd = [f for f in rnd if f.tag != tag]
             fault_lane(ex, st, tag, FaultCode.GRAMMAR_OVERFLOW)
         dc.grammar_faults.clear()
+        for tag in dc.faults_oob:
+            fault_lane(ex, st, tag, FaultCode.REF_SPAN_OOB)
+        dc.faults_oob.clear()
         if not rnd:
             break
         if ex.rings.yield_requested():
@@ -275,12 +279,7 @@ def _sample_round(ex: "Executor", st: TickState, dc: _Decode) -> list[_Round]:
             continue
         token = dc.picked.pop(tag, None)
         if token is None:
-            row = st.rows.pop(tag)
-            if lane.sampling == Sampling.HOST:
-                lane.pending_logits = ex.rings.write_logits_row(row)
-                dc.remaining.pop(tag, None)
-                continue
-            row = _own_row(ex, lane, row)
+            row = _own_row(ex, lane, st.rows.pop(tag))
             if lane.grammar is not None:
                 try:
                     lane.grammar.mask(row)
@@ -288,6 +287,15 @@ def _sample_round(ex: "Executor", st: TickState, dc: _Decode) -> list[_Round]:
                     dc.grammar_faults.append(tag)
                     continue
             _process_row(ex, lane, row)
+            if lane.sampling == Sampling.HOST:
+                # The host gets the row as far as this side's order goes (mask, bias,
+                # penalties) and picks from it: the same pick gives the same token.
+                dc.remaining.pop(tag, None)
+                try:
+                    lane.pending_logits = ex.rings.write_logits_row(row)
+                except RingFull:
+                    dc.faults_oob.append(tag)
+                continue
             token = _pick(lane, row)
             if lane.logprobs_top is not None:
                 lp, top = hs.logprobs(row, token, min(lane.logprobs_top, MAX_TOP_LOGPROBS))
@@ -391,7 +399,7 @@ def _emit(ex: "Executor", st: TickState, dc: _Decode) -> None:
         if d.lane_tag in st.faulted:
             continue
         lane = ex.lanes[d.lane_tag]
-        finish = dc.finishes.get(d.lane_tag, Finish.NONE)
+        finish = dc.finishes.get(d.lane_tag, st.commit_finishes.get(d.lane_tag, Finish.NONE))
         if lane.sampling == Sampling.HOST:
             st.emits.append(LaneEmit(d.lane_tag, RingRef(), 0, finish, lane.pending_logits or RingRef(), SpecStats()))
             continue

@@ -15,6 +15,7 @@ from ..abi import (
     AdmitResult,
     AdmitStatus,
     Exactness,
+    Finish,
     LaneEmit,
     LaneFault,
     LaneLogprob,
@@ -34,6 +35,7 @@ from ..abi import (
 from ..runtimes.base import Capacity, Fatal, Fault, Feed, PrimError
 from ..abi import FaultCode
 from .capacity import check_capacity
+from .grammar_errors import GrammarOverflow
 from .lane import Lane
 from .speculate import LaneSpec
 from .validate import Checked, Reject, validate
@@ -80,6 +82,7 @@ class TickState:
     emits: list[LaneEmit] = field(default_factory=list)
     rows: dict = field(default_factory=dict)  # lane -> row waiting to be sampled
     yielded: bool = False  # the prefill stopped early on a yield
+    commit_finishes: dict = field(default_factory=dict)  # host lane -> Finish its commit ended it with
     prefill_ns: int = 0
     decode_ns: int = 0
 
@@ -182,17 +185,35 @@ def _carry_out(ex: "Executor", st: TickState, cap) -> None:
     for nbytes, tokens in evicted:
         st.evicted(0, nbytes, tokens)
     for c in st.plan.commits:
-        lane = ex.lanes[c.lane_tag]
-        lane.committed.append(c.token_id)
-        lane.pending_input = c.token_id
-        lane.pending_logits = None
-        lane.rng_counter += 1
+        _commit(ex, st, c)
     taken = _take_over(ex, st, cap.taken_over)
     for a in st.plan.admits:
         _admit(ex, st, a, taken)
     ex.sweep_expired_seeds()
     prefill_phase(ex, st)
     decode_phase(ex, st)
+
+
+def _commit(ex: "Executor", st: TickState, c) -> None:
+    """A host-sampled token joins the lane. The host ends a lane on EOS itself (it retires
+    it); a grammar, which lives here, advances over the token, and when it ends there the
+    lane finishes (its decode this tick only reports that)."""
+    lane = ex.lanes[c.lane_tag]
+    lane.committed.append(c.token_id)
+    lane.pending_input = c.token_id
+    lane.pending_logits = None
+    lane.rng_counter += 1
+    finish = Finish.NONE
+    if lane.grammar is not None:
+        try:
+            if lane.grammar.accept(c.token_id):
+                finish = Finish.GRAMMAR
+        except GrammarOverflow:  # validation checked the mask; a terminated grammar lands here
+            fault_lane(ex, st, c.lane_tag, FaultCode.GRAMMAR_OVERFLOW)
+            return
+    if finish != Finish.NONE:
+        lane.finished = True
+        st.commit_finishes[c.lane_tag] = finish
 
 
 def _retire(ex: "Executor", st: TickState) -> None:

@@ -98,7 +98,6 @@ def _check_admits(ex: "Executor", plan: TickPlan, chk: Checked) -> None:
             if (
                 not ex.grammars.available(a.grammar_handle)
                 or a.grammar_handle in seen_grammars
-                or a.sampling == Sampling.HOST
                 or a.grammar_replay > len(prompt)
             ):
                 raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
@@ -155,6 +154,10 @@ def _check_commits(ex: "Executor", plan: TickPlan) -> None:
             raise Reject(Status.REJECT_STALE_NONCE)
         if not 0 <= c.token_id < ex.desc.vocab_size:
             raise Reject(Status.REJECT_BOUNDS)
+        # A host lane with a grammar was sent a masked row: a token the mask ruled out
+        # is the host breaking the rules (``allowed`` reads the cursor, it moves nothing).
+        if lane.grammar is not None and not lane.grammar.cursor.allowed()[c.token_id]:
+            raise Reject(Status.REJECT_HOST_RULES)
 
 
 def _seeded(ex: "Executor", a: LaneAdmit) -> int:
@@ -204,18 +207,23 @@ def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[i
             end = lane.prefill_end
             after = reached.get(d.lane_tag, lane.prefilled)
             finished, committed_len = lane.finished, len(lane.committed)
+            replay_left = max(len(lane.prompt) - max(committed_len, end), 0)
         elif d.lane_tag in chk.admits:
             a = chk.admits[d.lane_tag]
             seeded = _seeded(ex, a)
             end = prefill_end_of(len(chk.prompts[d.lane_tag]), seeded, a.decode_replay)
             is_host, pending_row, finished = a.sampling == Sampling.HOST, False, False
             after, committed_len = reached.get(d.lane_tag, seeded), end
+            replay_left = len(chk.prompts[d.lane_tag]) - end
         else:
             raise Reject(Status.REJECT_UNKNOWN_LANE)
         if finished:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if is_host:
-            if d.max_new_tokens != 1:
+            # One row per tick, after whatever the lane still replays (a rebuilt host
+            # lane replays its committed tokens first). A grant past the replay's end
+            # stops at the row: the scheduler cannot see how far a yield cut a replay.
+            if d.max_new_tokens < 1 or (replay_left == 0 and d.max_new_tokens != 1):
                 raise Reject(Status.REJECT_HOST_RULES)
             if pending_row and d.lane_tag not in commits:
                 raise Reject(Status.REJECT_HOST_RULES)
