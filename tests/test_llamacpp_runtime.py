@@ -431,3 +431,10 @@ def test_speculative_drafts_verified_with_step_rows_change_no_text(files):
         if spec:
             assert llm.engine.scheduler.stats.spec_proposed > 0
     assert got[True] == got[False]
+
+
+def test_kv_cache_mb_sizes_the_pool(files):
+    rt = _runtime(files["llama"], kv_cache_mb=1)
+    total, cell = rt.mem_counters().cells_total, rt.desc.cell_bytes
+    assert 2**20 // cell <= total < 2**20 // cell + 256  # llama.cpp pads the context to 256 cells
+    rt.close()
