@@ -53,6 +53,7 @@ class _Sampling(_Lenient):
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None  # routes requests that share it to one replica (--replicas)
     response_format: ResponseFormat | None = None
     # extras
     top_k: int | None = None
