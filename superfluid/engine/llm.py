@@ -32,7 +32,10 @@ class LLM:
         scheduler: SchedulerConfig = SchedulerConfig(),
         progress: bool = False,
         engine: Engine | None = None,
+        replicas: int = 0,
     ):
+        """``replicas=N``: N engines on Ray (a local instance unless one is running),
+        ``generate`` spread over them (superfluid.cluster; needs the ray extra)."""
         config = EngineConfig(
             model=model or "",
             runtime=runtime,
@@ -44,12 +47,20 @@ class LLM:
             progress=progress,
             scheduler=scheduler,
         )
-        self.engine = engine if engine is not None else build_engine(config)
+        self._cluster = None
+        if replicas:
+            from ..cluster.launch import ClusterConfig
+            from ..cluster.offline import ClusterRunner
+
+            self._cluster = ClusterRunner(config, ClusterConfig(replicas=replicas, replica_cpus=0.5))
+            self.engine = None
+        else:
+            self.engine = engine if engine is not None else build_engine(config)
         self._ids = itertools.count()
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self._cluster.tokenizer if self._cluster is not None else self.engine.tokenizer
 
     def generate(
         self,
@@ -87,6 +98,8 @@ class LLM:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(ids)
         if len(plist) != len(ids):
             raise ValueError("one SamplingParams, or one per prompt")
+        if self._cluster is not None:
+            return self._cluster.run(texts, ids, plist)
         outputs: dict[str, RequestOutput] = {}
         order = []
         for text, toks, p in zip(texts, ids, plist):
