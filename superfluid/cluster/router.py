@@ -50,6 +50,7 @@ class RouterConfig:
     min_match_tokens: int = 32  # a shorter shared prefix (a chat template's opening) routes nothing
     max_pages: int = 256  # pages hashed per prompt
     load_factor: float = 1.25  # c of the load bound
+    load_slack: int = 1  # a cache hit may run this many requests past the bound (small loads would spread at once)
     table_size: int = 1 << 16  # remembered pages
 
 
@@ -102,7 +103,7 @@ class Router:
             if owner is None or not ok(owner):
                 continue
             bound = bounded_load(sum(self.load[r] for r in allowed), len(allowed), self.config.load_factor)
-            if self.load[owner] < bound:
+            if self.load[owner] < bound + self.config.load_slack:
                 return self._count(Route(owner, "prefix_hit", depth))
             spill = self.ring.pick(hashes[depth - 1], self.load.__getitem__, self.config.load_factor, ok)
             return self._count(Route(spill, "prefix_spill", depth))

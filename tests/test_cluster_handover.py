@@ -1,0 +1,75 @@
+"""Handover by export/adopt between two engines, without Ray: a running request is
+detached from one engine (its KV published and exported) and adopted by another, which
+continues it from that KV -- decode-replaying only the tokens past the last whole page --
+to exactly the text it would have had. Also a resume with no KV (a lost replica):
+tokens decode-replayed, same rng base, same text."""
+
+from __future__ import annotations
+
+import pytest
+
+from superfluid.cluster.handover import adopt_choices, hand_over
+from superfluid.engine.config import EngineConfig
+from superfluid.engine.loader import build_engine
+from superfluid.engine.params import SamplingParams
+from superfluid.engine.request import ChoiceStart, rng_base
+
+PROMPT = list(range(5, 47))
+PARAMS = SamplingParams(max_tokens=40, temperature=0.9, seed=11, n=2, ignore_eos=True)
+
+
+def _run(engine, rid, prompt, params, choices=None, until=None) -> dict[int, list]:
+    """Deltas per choice (text, tokens) until the request finished or ``until`` tokens."""
+    got = {}
+    engine.add_request(rid, prompt, params, choices)
+    while engine.has_work():
+        for d in engine.step():
+            text, toks, fin = got.get(d.index, ("", [], None))
+            got[d.index] = (text + d.text, toks + d.token_ids, d.finish_reason or fin)
+        if until is not None and all(len(v[1]) >= until for v in got.values()) and len(got) == params.n:
+            break
+    return got
+
+
+@pytest.fixture(params=[False, True], ids=["in-process", "worker"])
+def engines(request):
+    made = [build_engine(EngineConfig(runtime="toy", model="toy", worker=request.param)) for _ in range(3)]
+    yield made
+    for e in made:
+        e.close()
+
+
+def test_a_handed_over_request_continues_from_the_exported_kv(engines):
+    ref_engine, a, b = engines
+    want = _run(ref_engine, "ref", PROMPT, PARAMS)
+    assert all(len(v[1]) == 40 for v in want.values())
+
+    part = _run(a, "r", PROMPT, PARAMS, until=13)
+    handed = hand_over(a, ["r"])["r"]
+    assert sorted(c.index for c in handed.choices) == [0, 1]
+    for c in handed.choices:
+        assert c.token_ids == part[c.index][1]  # what went out is what is handed over
+        assert c.prefix is not None and len(c.prefix[0]) > len(PROMPT)  # the KV of prompt and generated tokens
+    assert not a.has_work()  # nothing of the request stays behind
+
+    starts = adopt_choices(b, handed.choices, PROMPT)
+    assert all(s.seed is not None for s in starts)
+    rest = _run(b, "r", PROMPT, PARAMS, starts)
+    for i in (0, 1):
+        assert part[i][0] + rest[i][0] == want[i][0]
+        assert part[i][1] + rest[i][1] == want[i][1]
+        assert rest[i][2] == "length"
+    adopted = sum(len(c.prefix[0]) for c in handed.choices)
+    assert b.scheduler.stats.prefix_hit_tokens == adopted  # started from the KV, not recomputed
+
+
+def test_a_lost_request_resumes_by_decode_replay_with_the_same_rng_base(engines):
+    ref_engine, a, b = engines
+    want = _run(ref_engine, "ref", PROMPT, PARAMS)
+    part = _run(a, "r", PROMPT, PARAMS, until=9)
+    # replica a is gone: only what the client saw survives
+    starts = [ChoiceStart(i, rng_base(PARAMS.seed, i), tuple(part[i][1])) for i in (0, 1)]
+    rest = _run(b, "r", PROMPT, PARAMS, starts)
+    for i in (0, 1):
+        assert part[i][0] + rest[i][0] == want[i][0]
+        assert part[i][1] + rest[i][1] == want[i][1]
