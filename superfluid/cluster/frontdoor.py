@@ -320,8 +320,9 @@ class ClusterStream:
                     item = await (await self._gen.__anext__())
                 except StopAsyncIteration:
                     raise EngineDead(f"replica {self.replica} ended request {self.request_id} early") from None
-                except Exception as e:  # the replica is lost: replay elsewhere
-                    self.cluster.lost(self.replica, type(e).__name__)
+                except Exception as e:  # the replica is lost (or failed this stream): replay elsewhere
+                    if isinstance(e, _lost_errors()):
+                        self.cluster.lost(self.replica, type(e).__name__)
                     await self._move(f"{type(e).__name__}: {e}", None)
                     continue
                 if isinstance(item, HandedOver):
@@ -360,7 +361,7 @@ def _cause(e: BaseException) -> BaseException:
 
 
 def _lost_errors() -> tuple[type, ...]:
-    import ray.exceptions as rex
+    """What Ray raises for a replica that is gone (ActorDiedError is a RayActorError)."""
+    from ray.exceptions import ActorUnavailableError, RayActorError
 
-    return tuple(t for t in (getattr(rex, "RayActorError", None), getattr(rex, "ActorUnavailableError", None),
-                             getattr(rex, "ActorDiedError", None)) if t is not None)
+    return (RayActorError, ActorUnavailableError)
