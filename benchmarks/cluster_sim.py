@@ -259,17 +259,17 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sizes = sorted({r["replicas"] for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     width = 0.25
     for k, policy in enumerate(POLICIES):
         got = {r["replicas"]: r for r in rows if r["policy"] == policy}
         xs = [i + (k - 1) * width for i in range(len(sizes))]
         axes[0].bar(xs, [100 * got[s]["prefix_hit_rate"] for s in sizes], width, label=policy)
-        axes[1].bar(xs, [got[s]["ttft_p99_s"] for s in sizes], width, label=policy)
-    for ax, title in zip(axes, ("prefix-cache hit rate (% of prompt tokens)", "p99 TTFT (s)")):
+        axes[1].bar(xs, [got[s]["ttft_p50_s"] for s in sizes], width, label=policy)
+        axes[2].bar(xs, [got[s]["ttft_p99_s"] for s in sizes], width, label=policy)
+    for ax, title in zip(axes, ("prefix-cache hit rate (% of prompt tokens)", "p50 TTFT (s)", "p99 TTFT (s)")):
         ax.set_xticks(range(len(sizes)), [f"{s} replicas" for s in sizes])
         ax.set_title(title)
-    axes[1].set_yscale("log")
     axes[0].legend()
     fig.suptitle("simulated replicas, multi-tenant shared prefixes (costs: this machine, SmolLM2 q4_1)")
     fig.tight_layout()
@@ -299,7 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-budget", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/cluster_sim.json"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's JSON")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads(Path(args.out).read_text())["results"], Path(args.out).with_suffix(".png"))
+        return 0
     costs = load_costs(Path(args.costs), args.variant)
     rows = []
     for n in [int(x) for x in args.replicas.split(",")]:
@@ -311,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k != "out"}
+    config = {k: v for k, v in vars(args).items() if k not in ("out", "plot_only")}
     out.write_text(json.dumps({"benchmark": "cluster_sim", "costs": costs.__dict__, "config": config,
                                "results": rows}, indent=1))
     plot(rows, out.with_suffix(".png"))

@@ -31,16 +31,24 @@ def _run(engine, rid, prompt, params, choices=None, until=None) -> dict[int, lis
     return got
 
 
-@pytest.fixture(params=[False, True], ids=["in-process", "worker"])
-def engines(request):
-    made = [build_engine(EngineConfig(runtime="toy", model="toy", worker=request.param)) for _ in range(3)]
+@pytest.fixture(scope="module", params=["toy", "toy-worker", "torch-worker"])
+def engines(request, tmp_path_factory):
+    if request.param == "torch-worker":
+        # a tiny random Llama: the payload holds K/V tensors, which cross the worker wire encoded
+        from superfluid.runtimes.torch.tiny import write_tiny_gguf
+
+        path = write_tiny_gguf(tmp_path_factory.mktemp("handover") / "tiny.gguf")
+        config = EngineConfig(runtime="torch", model=str(path), worker=True)
+    else:
+        config = EngineConfig(runtime="toy", model="toy", worker=request.param == "toy-worker")
+    made = [build_engine(config) for _ in range(4)]  # a reference, two for a handover, one fresh
     yield made
     for e in made:
         e.close()
 
 
 def test_a_handed_over_request_continues_from_the_exported_kv(engines):
-    ref_engine, a, b = engines
+    ref_engine, a, b, _ = engines
     want = _run(ref_engine, "ref", PROMPT, PARAMS)
     assert all(len(v[1]) == 40 for v in want.values())
 
@@ -52,6 +60,7 @@ def test_a_handed_over_request_continues_from_the_exported_kv(engines):
         assert c.prefix is not None and len(c.prefix[0]) > len(PROMPT)  # the KV of prompt and generated tokens
     assert not a.has_work()  # nothing of the request stays behind
 
+    hits_before = b.scheduler.stats.prefix_hit_tokens
     starts = adopt_choices(b, handed.choices, PROMPT)
     assert all(s.seed is not None for s in starts)
     rest = _run(b, "r", PROMPT, PARAMS, starts)
@@ -60,16 +69,18 @@ def test_a_handed_over_request_continues_from_the_exported_kv(engines):
         assert part[i][1] + rest[i][1] == want[i][1]
         assert rest[i][2] == "length"
     adopted = sum(len(c.prefix[0]) for c in handed.choices)
-    assert b.scheduler.stats.prefix_hit_tokens == adopted  # started from the KV, not recomputed
+    assert b.scheduler.stats.prefix_hit_tokens - hits_before == adopted  # started from the KV, not recomputed
 
 
 def test_a_lost_request_resumes_by_decode_replay_with_the_same_rng_base(engines):
-    ref_engine, a, b = engines
-    want = _run(ref_engine, "ref", PROMPT, PARAMS)
-    part = _run(a, "r", PROMPT, PARAMS, until=9)
-    # replica a is gone: only what the client saw survives
+    ref_engine, _, lost, fresh = engines
+    want = _run(ref_engine, "ref2", PROMPT, PARAMS)
+    part = _run(lost, "r2", PROMPT, PARAMS, until=9)
+    lost.abort("r2")
+    # that replica is gone: only what the client saw survives, and the fresh one has no cache
     starts = [ChoiceStart(i, rng_base(PARAMS.seed, i), tuple(part[i][1])) for i in (0, 1)]
-    rest = _run(b, "r", PROMPT, PARAMS, starts)
+    rest = _run(fresh, "r2", PROMPT, PARAMS, starts)
+    assert fresh.scheduler.stats.prefix_hit_tokens == 0
     for i in (0, 1):
         assert part[i][0] + rest[i][0] == want[i][0]
         assert part[i][1] + rest[i][1] == want[i][1]
