@@ -24,7 +24,11 @@ class ClusterConfig:
 
 
 def init_ray(cfg: ClusterConfig) -> None:
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise ValueError("--replicas / LLM(replicas=N) run on Ray, which is not installed: "
+                         "pip install -e '.[ray]'") from None
 
     if ray.is_initialized():
         return
@@ -37,11 +41,13 @@ def init_ray(cfg: ClusterConfig) -> None:
 
 
 def start_cluster(config: EngineConfig, cfg: ClusterConfig, max_queued: int = 256) -> ClusterEngine:
-    import ray
-
     from ..engine.loader import _tokenizer_for, runtime_args
 
+    if cfg.replicas < 1:
+        raise ValueError(f"--replicas must be at least 1, got {cfg.replicas}")
     init_ray(cfg)
+    import ray
+
     # each replica serves its model in a supervised worker of its own
     config = replace(config, worker=True, progress=False)
     actor_cls = ray.remote(ReplicaActor)

@@ -15,10 +15,10 @@ deltas to the actor's event loop, which Ray serves requests on.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import logging
 import os
-import signal
 from typing import Any, AsyncIterator, Callable
 
 from ..engine.async_engine import AsyncEngine
@@ -95,22 +95,25 @@ class ReplicaActor:
         self.name = name
         self.engine = ReplicaEngine(build_engine(config), max_queued=config.max_queued_requests)
         self.engine.start()
-        self._sigterm_installed = _on_sigterm(self._sigterm)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # SIGTERM (a node drained, a pod stopped): Ray's own handler exits the process,
+        # and handlers can only be set from the main thread, which Ray holds; the exit
+        # runs atexit handlers, and this one hands the running requests over first.
+        atexit.register(self._hand_over_at_exit)
 
-    def _sigterm(self) -> None:
-        # SIGTERM (a node being drained, a scale-down): hand the running requests over,
-        # then leave (an intended exit: Ray does not restart the actor).
-        loop = getattr(self, "_loop", None)
-        if loop is not None:
-            loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain_and_exit()))
+    def _hand_over_at_exit(self, timeout: float = 10.0) -> None:
+        loop = self._loop
+        if loop is None or not loop.is_running() or not self.engine.alive:
+            return
 
-    async def _drain_and_exit(self) -> None:
-        import ray
+        async def run() -> None:
+            if await self.engine.hand_over():
+                await asyncio.sleep(1.0)  # the streams' last items reach the front door
 
-        await self.engine.hand_over()
-        await asyncio.sleep(1.0)  # the streams' last items reach the front door
-        self.engine.stop(timeout=5.0)
-        ray.actor.exit_actor()
+        try:
+            asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+        except Exception as e:
+            log.warning("replica %s could not hand its requests over at exit: %s", self.name, e)
 
     async def ready(self) -> dict:
         self._loop = asyncio.get_running_loop()
@@ -167,12 +170,4 @@ class ReplicaActor:
                 "restarts": worker.get("restarts", 0)}
 
     async def stop(self) -> None:
-        self.engine.stop(timeout=5.0)
-
-
-def _on_sigterm(fn: Callable[[], None]) -> bool:
-    try:
-        signal.signal(signal.SIGTERM, lambda *_: fn())
-        return True
-    except ValueError:  # not the main thread
-        return False
+        self.engine.stop(timeout=5.0)  # (nothing left to hand over at exit)
