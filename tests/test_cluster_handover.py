@@ -84,3 +84,32 @@ def test_a_lost_request_resumes_by_decode_replay_with_the_same_rng_base(engines)
     for i in (0, 1):
         assert part[i][0] + rest[i][0] == want[i][0]
         assert part[i][1] + rest[i][1] == want[i][1]
+
+
+def test_text_held_back_for_a_stop_string_survives_the_move(engines):
+    """The old replica held back text that might start a stop string; the client never
+    got it. The new replica re-processes the replayed tokens, holds the same text, and
+    releases it once the stop string cannot match: nothing is lost or doubled."""
+    ref_engine, _, _, fresh = engines
+    plain = SamplingParams(max_tokens=30, temperature=0.9, seed=5, ignore_eos=True)
+    pieces = []
+    ref_engine.add_request("pieces", PROMPT, plain)
+    while ref_engine.has_work():
+        pieces += [d.text for d in ref_engine.step() if d.token_ids]  # one per token
+    assert len(pieces) == 30
+    # a stop string the text runs along from token 8 to 13, then leaves
+    stop = "".join(pieces[8:14]) + "\x00"
+    params = SamplingParams(max_tokens=30, temperature=0.9, seed=5, ignore_eos=True, stop=(stop,))
+    seen = []  # (token, text released with it), as a client streams them
+    ref_engine.add_request("stop-ref", PROMPT, params)
+    while ref_engine.has_work():
+        seen += [(d.token_ids, d.text) for d in ref_engine.step()]  # the last: no token, the tail
+    want = "".join(t for _, t in seen)
+    assert want.startswith("".join(pieces[:14]))  # never matched: all of it, in the end
+    # the replica is lost after 12 tokens: the client has their tokens, not all their text
+    part_tokens = [t for ids, _ in seen[:12] for t in ids]
+    part_text = "".join(x for _, x in seen[:12])
+    assert len(part_tokens) == 12 and len(part_text) < len("".join(pieces[:12]))
+    rest = _run(fresh, "stop", PROMPT, params, [ChoiceStart(0, rng_base(5, 0), tuple(part_tokens))])[0]
+    assert part_text + rest[0] == want
+    assert part_tokens + rest[1] == [t for ids, _ in seen for t in ids]
