@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .hashring import HashRing, bounded_load, hash64
 
