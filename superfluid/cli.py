@@ -110,6 +110,10 @@ def serve(args: argparse.Namespace) -> int:
         max_request_tokens=args.max_request_tokens,
         worker_stall_timeout=args.worker_stall_timeout, runtime_extra=_runtime_extra(args.runtime_arg),
     )
+    if args.replicas:  # several replicas on Ray behind this one door (optional extra: .[ray])
+        from .cluster.serve import serve_cluster
+
+        return serve_cluster(args, config)
     engine = _build(config)
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
@@ -243,6 +247,12 @@ def parser() -> argparse.ArgumentParser:
                    help="an extra keyword argument for the runtime (repeatable; tests: step_delay=0.02 slows the toy)")
     s.add_argument("--worker-stall-timeout", type=float, default=60.0,
                    help="seconds a running tick may go without a completed runtime call before the worker is replaced")
+    s.add_argument("--replicas", type=int, default=0,
+                   help="serve N engine replicas placed by Ray behind this endpoint (prefix-aware routing, "
+                        "failover); needs the ray extra. Default: one engine, no Ray")
+    s.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
+    s.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs each replica holds")
+    s.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs each replica holds")
     s.set_defaults(func=serve)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text")

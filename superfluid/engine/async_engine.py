@@ -24,6 +24,7 @@ from typing import AsyncIterator, Protocol
 from .engine import Engine, _is_worker_loss
 from .outputs import Delta
 from .params import SamplingParams
+from .request import ChoiceStart
 
 log = logging.getLogger("superfluid.engine")
 
@@ -129,16 +130,21 @@ class AsyncEngine:
         return adds + self.engine.scheduler.num_waiting
 
     # ------------------------------------------------------------ requests
-    async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> "RequestStream":
+    async def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        choices: list[ChoiceStart] | None = None, cache_key: str | None = None,
+    ) -> "RequestStream":
         """Queue a request and wait until the engine took it. Raises ParamError (bad
-        input, e.g. an invalid grammar), QueueFull or EngineDead."""
+        input, e.g. an invalid grammar), QueueFull or EngineDead. ``choices``: see
+        ``Engine.add_request``; ``cache_key`` (OpenAI's ``prompt_cache_key``) is a
+        routing hint for a front door over several replicas; one engine has one cache."""
         if not self.alive:
             raise EngineDead("the engine is not running")
         if self.num_queued >= self.max_queued:
             raise QueueFull(f"{self.num_queued} requests are waiting (--max-queued-requests {self.max_queued})")
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue(), loop.create_future(), params.n)
-        self._inbox.append(("add", request_id, prompt_token_ids, params, stream))
+        stream = _Stream(loop, asyncio.Queue(), loop.create_future(), params.n if choices is None else len(choices))
+        self._inbox.append(("add", request_id, prompt_token_ids, params, stream, choices))
         self._wake.set()
         self.engine.rings.request_yield(True)
         try:
@@ -190,15 +196,15 @@ class AsyncEngine:
                     self.engine.abort(item[1])
                     self._streams.pop(item[1], None)
                 continue
-            _, rid, ids, params, stream = item
+            _, rid, ids, params, stream, choices = item
             try:
                 try:
-                    self.engine.add_request(rid, ids, params)
+                    self.engine.add_request(rid, ids, params, choices)
                 except Exception as e:
                     if not _is_worker_loss(e):
                         raise
                     self.engine._recover_or_fail(e)  # then once more, on the clean worker
-                    self.engine.add_request(rid, ids, params)
+                    self.engine.add_request(rid, ids, params, choices)
             except Exception as e:
                 _settle(stream, error=e)
                 continue

@@ -18,7 +18,8 @@ from .choice import ChoiceState
 from .config import EngineConfig
 from .outputs import Delta
 from .params import ParamError, SamplingParams
-from .request import FinishReason, Request, Status, rng_base
+from .planner import Seed
+from .request import ChoiceStart, FinishReason, Request, Status, rng_base
 from .scheduler import Scheduler
 
 log = logging.getLogger("superfluid.engine")
@@ -86,27 +87,37 @@ class Engine:
             raise ParamError(f"n * max_tokens is {total} tokens; at most {self.config.max_request_tokens} per request",
                              "max_tokens")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[Request]:
-        """Validate, take handles, queue one request per choice. Raises ParamError."""
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+        choices: list[ChoiceStart] | None = None,
+    ) -> list[Request]:
+        """Validate, take handles, queue one request per choice. Raises ParamError.
+        ``choices`` (default: all n, fresh) names the choices to run and where each
+        starts: a request moved here from another replica resumes its unfinished ones."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is in use")
         self.validate(prompt_token_ids, params)
         room = self.max_seq_len - len(prompt_token_ids)
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
+        if choices is None:
+            choices = [ChoiceStart(i, rng_base(params.seed, i)) for i in range(params.n)]
         reqs: list[Request] = []
         try:
-            for i in range(params.n):
+            for c in choices:
                 req = Request(
-                    request_id=f"{request_id}-{i}",
+                    request_id=f"{request_id}-{c.index}",
                     prompt_token_ids=list(map(int, prompt_token_ids)),
                     params=params,
                     max_new_tokens=max_new,
-                    index=i,
+                    index=c.index,
                     group_id=request_id,
-                    rng_base=rng_base(params.seed, i),
+                    rng_base=c.rng_base,
+                    output_token_ids=list(c.token_ids),
                     cache_key=cache_keys.key_hash(params.prompt_cache_key, params.prompt_cache_retention),
                     cache_retention=cache_keys.retention_class(params.prompt_cache_key, params.prompt_cache_retention),
                 )
+                if c.seed is not None:
+                    req.adopted_seed = Seed(*c.seed)
                 reqs.append(req)
                 if params.logit_bias:
                     req.logit_bias_handle = self.ex.register_logit_bias(
@@ -121,7 +132,12 @@ class Engine:
             raise
         self._groups[request_id] = reqs
         for req in reqs:
-            self._choices[id(req)] = ChoiceState(req, self.tokenizer, self._eos)
+            state = self._choices[id(req)] = ChoiceState(req, self.tokenizer, self._eos)
+            # Tokens generated elsewhere: their text went out from there; this state only
+            # catches up (detokenizer, held-back stop-string text) so the next token's
+            # text continues it exactly.
+            for token in req.output_token_ids:
+                state.process(token, None)
             self.scheduler.add(req)
         return reqs
 
@@ -205,6 +221,18 @@ class Engine:
     def is_running(self, request_id: str) -> bool:
         """Whether some choice of the request holds a lane (is not waiting for one)."""
         return any(r.status is Status.RUNNING for r in self._groups.get(request_id, []))
+
+    def detach(self, request_id: str) -> list[Request]:
+        """Let a request go without finishing it, because it continues elsewhere (a
+        draining replica hands it over): no delta is emitted, its handles are released,
+        and a running choice's lane retires at the next tick, publishing its KV to the
+        cache (so that ``export_prefix`` can hand that over). Returns its unfinished
+        choices, as they stand."""
+        live = [r for r in self._groups.pop(request_id, []) if not r.is_finished]
+        for req in live:
+            self._choices.pop(id(req), None)
+            self.scheduler.detach(req)
+        return live
 
     def abort(self, request_id: str) -> None:
         for req in self._groups.get(request_id, []):

@@ -44,7 +44,10 @@ class LLM:
         runtime_args: dict[str, Any] | None = None,  # more keyword arguments for the runtime
         progress: bool = False,
         engine: Engine | None = None,
+        replicas: int = 0,
     ):
+        """``replicas=N``: N engines on Ray (a local instance unless one is running),
+        ``generate`` spread over them (superfluid.cluster; needs the ray extra)."""
         if scheduling_policy is not None:
             scheduler = dataclasses.replace(scheduler, scheduling_policy=scheduling_policy)
         config = EngineConfig(
@@ -60,19 +63,28 @@ class LLM:
             runtime_extra=tuple((runtime_args or {}).items()),
             scheduler=scheduler,
         )
-        owned = engine is None
-        self.engine = build_engine(config) if owned else engine
+        self._cluster = None
+        owned = engine is None and not replicas
+        if replicas:
+            from ..cluster.launch import ClusterConfig
+            from ..cluster.offline import ClusterRunner
+
+            self._cluster = ClusterRunner(config, ClusterConfig(replicas=replicas, replica_cpus=0.5))
+            self.engine = None
+        else:
+            self.engine = build_engine(config) if owned else engine
         self._ids = itertools.count()
         # An engine this object built (and its worker process, if any) goes with it, or at
         # interpreter exit; one handed in stays its owner's.
-        self._finalizer = weakref.finalize(self, self.engine.close if owned else (lambda: None))
+        closer = self._cluster.close if self._cluster is not None else self.engine.close if owned else None
+        self._finalizer = weakref.finalize(self, closer or (lambda: None))
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self._cluster.tokenizer if self._cluster is not None else self.engine.tokenizer
 
     def get_tokenizer(self):
-        return self.engine.tokenizer
+        return self.tokenizer
 
     def close(self) -> None:
         """Stop the model's worker process, if one runs it."""
@@ -147,6 +159,8 @@ class LLM:
             if len(priority) != len(ids):
                 raise ValueError(f"one priority per prompt ({len(ids)}); got {len(priority)}")
             plist = [p.with_(priority=int(pr)) for p, pr in zip(plist, priority)]
+        if self._cluster is not None:
+            return self._cluster.run(texts, ids, plist, progress=_progress_wanted(use_tqdm, len(ids)))
         outputs: dict[str, RequestOutput] = {}
         order = []
         try:
@@ -209,6 +223,10 @@ def _apply(out: RequestOutput | None, d: Delta) -> bool:
         out.finished = True
         return True
     return False
+
+
+def _progress_wanted(use_tqdm: bool | Callable | None, total: int) -> bool:
+    return bool(total >= TQDM_AUTO_MIN if use_tqdm is None else use_tqdm)
 
 
 def _progress(use_tqdm: bool | Callable | None, total: int):

@@ -52,6 +52,20 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # the lane faulted and could not be recovered
 
 
+@dataclass(frozen=True)
+class ChoiceStart:
+    """Where choice ``index`` of a request starts. A fresh request: its rng base and no
+    tokens. One moved from another replica (lost or drained there): the tokens it
+    generated there, which this engine decode-replays with the same rng base so that it
+    continues with the text it would have had, and optionally ``seed``, the
+    (lease handle, prefix length) of an adopted sequence that already holds their KV."""
+
+    index: int
+    rng_base: int
+    token_ids: tuple[int, ...] = ()
+    seed: tuple[int, int] | None = None
+
+
 _tags = itertools.count(1)
 
 
@@ -101,6 +115,8 @@ class Request:
     # token they picked, to commit with the row's nonce in the next plan
     host_row_out: bool = False
     host_commit: abi.HostCommit | None = None
+
+    adopted_seed: object | None = None  # a planner Seed over an adopted sequence (a handover), used once
 
     # handles owned by the request (0: none)
     logit_bias_handle: int = 0

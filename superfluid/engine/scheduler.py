@@ -112,6 +112,22 @@ class Scheduler:
             self.waiting.remove(req)
         self._release_handles(req)
 
+    def detach(self, req: Request) -> None:
+        """The request leaves this engine unfinished (handed over): its lane, if any,
+        retires at the next tick *publishing* its state to the cache."""
+        if req.lane_tag is not None and self.running.pop(req.lane_tag, None) is not None:
+            self._orphans.append(abi.LaneRetire(req.lane_tag, publish_to_cache=True))
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.lane_tag = None
+        req.finish(FinishReason.ABORT, "handed over")
+        self._release_handles(req)
+
+    def flush_retires(self) -> None:
+        """Run the pending retires now, in a tick of their own (nothing else moves)."""
+        if self._orphans or any(r.retire_pending for r in self.running.values()):
+            self._retire_now()
+
     def abort(self, req: Request) -> None:
         self.finish(req, FinishReason.ABORT)
 
@@ -144,6 +160,9 @@ class Scheduler:
         def lease(req: Request) -> Seed | None:
             if req.params.prompt_logprobs is not None:
                 return None  # every prompt token is scored from a row of its own prefill
+            if req.adopted_seed is not None:  # a handed-over lane's KV, adopted for it
+                leases[id(req)] = req.adopted_seed
+                return req.adopted_seed
             if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
                 # A cached prefix was computed along another path (chunking, batch company):
                 # on a runtime whose rows depend on that, a seeded request prefills afresh so
@@ -165,8 +184,9 @@ class Scheduler:
         finally:
             # A lease pins its cache entry: one a request leased but was not admitted
             # with goes back now, not at its TTL (the pool must stay evictable).
+            # (An adopted seed stays with its request until an admit takes it.)
             for seed in leases.values():
-                if seed is not None and seed.handle not in used:
+                if seed is not None and seed.handle not in used and not any(r.adopted_seed is seed for r in self.waiting):
                     self.ex.release_seed(seed.handle)
 
     def _plan_and_run(self, limits: Limits, lease, used: set[int], on_token) -> list[RequestUpdate]:
@@ -200,6 +220,8 @@ class Scheduler:
             out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
             if out.status == abi.Status.OK:
                 used.update(a.seed.handle for a in tick.admissions if a.seed is not None)
+                for a in tick.admissions:
+                    a.request.adopted_seed = None
                 return self._take_failed() + self.update(tick, out.events, streamed)
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
@@ -491,7 +513,10 @@ class Scheduler:
         # lane handle of its own, so the owner's handles may go while the lane lives.
         bias, grammar = req.logit_bias_handle, req.grammar_handle
         req.logit_bias_handle = req.grammar_handle = 0
+        adopted, req.adopted_seed = req.adopted_seed, None
         try:
+            if adopted is not None:
+                self.ex.release_seed(adopted.handle)
             if bias:
                 self.ex.release_logit_bias(bias)
             if grammar:

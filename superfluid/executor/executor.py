@@ -326,6 +326,23 @@ class Executor:
                 sum(e.bytes for e in es if e.entry_id in protected), sum(e.bytes for e in es if e.seq is None)))
         return out
 
+    def export_prefix(self, tokens: list[int]) -> tuple[list[int], object] | None:
+        """A copy of the state of the longest cached prefix of ``tokens`` (whole pages;
+        exact on a recurrent runtime), as (its tokens, a runtime payload) that another
+        executor can ``adopt``: how a draining replica hands a request's KV over. The
+        entry stays in this cache; None when nothing is cached or the export fails."""
+        found = self.cache.longest_prefix(list(tokens), self.page(), self.desc.exact_only)
+        if found is None:
+            return None
+        e, n = found
+        if n != len(e.tokens):  # a payload holds its whole entry, which runs past these tokens
+            return None
+        try:
+            payload = e.exported if e.seq is None else self.prim.seq_export(e.seq)
+        except PrimError:
+            return None
+        return list(e.tokens), payload
+
     def lane_tokens(self, lane_tag: int) -> list[int] | None:
         lane = self.lanes.get(lane_tag)
         return None if lane is None else list(lane.committed)

@@ -77,11 +77,12 @@ def create_app(
         except ParamError as e:
             raise APIError(400, str(e), e.param, "invalid_value") from None
 
-    async def submit_all(rid: str, prompts: list[list[int]], params: SamplingParams) -> list[RequestStream]:
+    async def submit_all(rid: str, prompts: list[list[int]], params: SamplingParams,
+                         cache_key: str | None = None) -> list[RequestStream]:
         streams: list[RequestStream] = []
         try:
             for i, ids in enumerate(prompts):
-                streams.append(await engine.submit(f"{rid}-{i}", ids, params))
+                streams.append(await engine.submit(f"{rid}-{i}", ids, params, cache_key=cache_key))
         except BaseException as e:
             for s in streams:
                 s.abort()
@@ -169,6 +170,8 @@ def create_app(
         body = {"status": status, "pid": engine.pid, "model": name, "runtime": core.desc.runtime_id}
         if worker is not None:
             body.update(worker=worker["state"], restarts=worker["restarts"], last_exit=worker["last_exit"])
+            if "replicas" in worker:  # --replicas: every replica's own state
+                body["replicas"] = worker["replicas"]
         return JSONResponse(body, status_code=503 if status == "error" else 200)
 
     @app.get("/v1/models")
@@ -222,7 +225,7 @@ def create_app(
                 echoes.append(completion_extras.Echo(p if isinstance(p, str) else tokenizer.decode(ids, skip_special_tokens=False), ids))
         rid = f"cmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        streams = await submit_all(rid, prompts, params)
+        streams = await submit_all(rid, prompts, params, body.prompt_cache_key)
         k = params.logprobs or 0
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -267,7 +270,7 @@ def create_app(
         validate(ids, params)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
-        streams = await submit_all(rid, [ids], params)
+        streams = await submit_all(rid, [ids], params, body.prompt_cache_key)
         k = params.logprobs or 0
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -67,7 +67,7 @@ class _Sampling(_Lenient):
     guided_json: dict[str, Any] | str | None = None
     priority: int = 0
     timeout: float | None = Field(default=None, gt=0)  # extension: a wall-clock deadline, seconds
-    prompt_cache_key: str | None = None  # requests sharing a key share protected cache entries
+    prompt_cache_key: str | None = None  # requests sharing a key share protected cache entries (and a replica)
     prompt_cache_retention: str | None = None  # "in_memory" | "24h" (engine/cache_keys.py)
 
 

@@ -318,6 +318,15 @@ class WorkerClient:
     def import_entries(self, ids: list[int] | None = None) -> list[int]:
         return self._call("import_entries", [ids])
 
+    def export_prefix(self, tokens: list[int]) -> tuple[list[int], object] | None:
+        """(tokens, payload) of the longest cached prefix; the payload is wire-encoded
+        (``payload.encode``) and goes back to a worker's ``adopt`` as it is."""
+        got = self._call("export_prefix", [list(tokens)])
+        return None if got is None else (got[0], got[1])
+
+    def adopt(self, tokens: list[int], data: object, ttl_ticks: int = 4, determinism_class: int = 0) -> SeedHandle:
+        return SeedHandle(*self._call("adopt", [list(tokens), data, ttl_ticks, determinism_class]))
+
     def fail_runtime(self, primitive: str, mode: str, times: int = 1, after: int = 0) -> None:
         self._call("fail_runtime", [primitive, mode, times, after])
 

@@ -24,7 +24,7 @@ from ..executor import Executor, ExecutorConfig, SpecConfig
 from ..executor.grammar_errors import GrammarError
 from ..runtimes.base import Capacity, Fatal, Fault, PrimError, RuntimePrimitives
 from ..runtimes.registry import build_runtime
-from . import wire
+from . import payload, wire
 from .shm_rings import Pulse, SharedRings
 
 HEARTBEAT_SECS = 0.05
@@ -146,6 +146,14 @@ class Worker:
 
     def op_import_entries(self, ids: list[int] | None) -> list[int]:
         return self.ex.import_entries(ids)
+
+    def op_export_prefix(self, tokens: list[int]) -> list | None:
+        got = self.ex.export_prefix(tokens)
+        return None if got is None else [got[0], payload.encode(got[1])]
+
+    def op_adopt(self, tokens: list[int], data: Any, ttl: int, determinism: int) -> list:
+        lease = self.ex.adopt(tokens, payload.decode(data), ttl, determinism)
+        return [lease.handle, lease.prefix_len]
 
     def op_fail_runtime(self, primitive: str, mode: str, times: int, after: int) -> None:
         fail_runtime(self.rt, primitive, mode, times, after)
