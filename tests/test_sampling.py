@@ -101,6 +101,9 @@ def test_gate_keeps_drafting_only_where_it_paid():
         g.record(cfg, 8, True, 0.050, 10)
         g.record(cfg, 8, False, 0.020, 10)
     assert not g.allows(cfg, 8) and g.allows(cfg, 1)
+    # lane counts share a decision by powers of two: what 8 lanes measured holds for 9..15
+    assert not g.allows(cfg, 11) and not g.allows(cfg, 15)
+    assert g.allows(cfg, 16)  # 16 and up: not measured yet, so drafting is tried there
 
 
 def test_rings_generations_bounds_and_full():

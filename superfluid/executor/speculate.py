@@ -5,7 +5,7 @@
 - ``LaneSpec``: a lane's draft depth grows while drafts are accepted whole and shrinks
   when they miss; after a run of misses the lane rests a few rounds.
 - ``SpecGate``: decode seconds per token, with and without drafting, at each lane
-  count. Drafting stays on only where it made decoding faster; each side is
+  count (bucketed by powers of two). Drafting stays on only where it made decoding faster; each side is
   re-measured now and then so a change of workload is noticed.
 
 Drafts never change text: every verified row is sampled as a plain decode would.
@@ -96,6 +96,13 @@ class _Side:
         return self.secs / max(self.tokens, 1)
 
 
+def lane_bucket(lanes: int) -> int:
+    """The gate's key: lane counts by powers of two (1, 2-3, 4-7, ...). Drafting pays alike
+    at 30 and 31 lanes, and one key per exact count would re-explore both sides (drafting
+    where it loses) every time a batch shrinks by one as its requests finish."""
+    return 1 << (max(lanes, 1).bit_length() - 1)
+
+
 @dataclass
 class SpecGate:
     on: dict[int, _Side] = field(default_factory=dict)
@@ -103,6 +110,7 @@ class SpecGate:
     decisions: int = 0
 
     def allows(self, cfg: SpecConfig, lanes: int) -> bool:
+        lanes = lane_bucket(lanes)
         on = self.on.get(lanes, _Side())
         off = self.off.get(lanes, _Side())
         if on.samples < cfg.gate_samples:
@@ -116,7 +124,7 @@ class SpecGate:
         return winner_on
 
     def record(self, cfg: SpecConfig, lanes: int, drafted: bool, secs: float, tokens: int) -> None:
-        side = (self.on if drafted else self.off).setdefault(lanes, _Side())
+        side = (self.on if drafted else self.off).setdefault(lane_bucket(lanes), _Side())
         side.add(secs, tokens)
 
     def summary(self) -> dict[int, dict[str, float]]:
