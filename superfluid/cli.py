@@ -24,7 +24,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deterministic", action="store_true", help="batch-invariant numerics: the same text at any load")
     p.add_argument("--prefill-budget", type=int, default=512, help="prompt tokens prefilled per tick, over all requests")
     p.add_argument("--no-prefix-cache", action="store_true", help="do not reuse the KV of earlier prompts")
-    p.add_argument("--speculative", action="store_true", help="prompt-lookup speculative decoding (switches itself off where it does not pay)")
+    p.add_argument("--speculative", action=argparse.BooleanOptionalAction, default=True,
+                   help="prompt-lookup speculative decoding, on by default (a measured gate switches it off where it "
+                        "does not pay); --no-speculative: never draft")
     p.add_argument("--cache-protected-fraction", type=float, default=0.25,
                    help="share of the KV pool that prompt_cache_key entries hold against eviction (default 0.25)")
     p.add_argument("--host-cache-mb", type=int, default=64,

@@ -17,7 +17,9 @@ class SchedulerConfig:
     max_oom_retries: int = 8  # OOM faults a request survives (re-admitted each time)
     kv_watermark: float = 0.01  # share of the pool admissions leave free
     partial_emits: bool = True  # stream tokens as picked (PARTIAL_EMITS), not per tick
-    speculative: bool = False  # prompt-lookup drafting (the executor's gate turns it off where it does not pay)
+    # prompt-lookup drafting, on by default: the executor's gate measures decode seconds per
+    # token with and without drafts and keeps them only where they pay (benchmarks/README.md)
+    speculative: bool = True
     # prompt_cache_key: keyed cache entries up to this share of the pool are never evicted
     cache_protected_fraction: float = 0.25
     # "priority" (vLLM's semantics: lower first, FCFS among equals, a better one preempts the
