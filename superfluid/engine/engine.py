@@ -142,7 +142,9 @@ class Engine:
         return reqs
 
     def _load_strategy(self) -> None:
-        if self.config.scheduler.speculative:
+        # Not on an exact_only runtime (recurrent state): a draft the model rejects must be cut
+        # back, and such a state refuses a partial truncate.
+        if self.config.scheduler.speculative and not self.desc.exact_only:
             from ..executor import SpecConfig
 
             self.scheduler.planner.strategy_slot = self.ex.load_strategy(SpecConfig())
