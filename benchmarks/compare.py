@@ -106,22 +106,33 @@ class Server:
         raise TimeoutError(f"{self.name} not healthy after {timeout_s:.0f}s")
 
     def rss_mb(self) -> float | None:
-        """Resident memory of the server's whole process group (its worker included), MiB."""
+        """Resident memory of the server and every process under it (its worker, which runs
+        in a session of its own, included), MiB."""
         if self.proc is None or self.proc.poll() is not None:
             return None
-        total = 0
+        parent, rss = {}, {}
         for d in Path("/proc").iterdir():
             if not d.name.isdigit():
                 continue
             try:
-                if os.getpgid(int(d.name)) != self.proc.pid:
-                    continue
                 for line in (d / "status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-            except (OSError, ProcessLookupError, ValueError):
+                    if line.startswith("PPid:"):
+                        parent[int(d.name)] = int(line.split()[1])
+                    elif line.startswith("VmRSS:"):
+                        rss[int(d.name)] = int(line.split()[1])
+            except (OSError, ValueError):
                 continue
-        return total / 1024
+
+        def under(pid: int) -> bool:
+            for _ in range(64):
+                if pid == self.proc.pid:
+                    return True
+                pid = parent.get(pid, 0)
+                if pid <= 1:
+                    return False
+            return False
+
+        return sum(kb for pid, kb in rss.items() if under(pid)) / 1024
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -426,7 +437,7 @@ def markdown(report: dict) -> str:
                   f"{fmt(r['tokens_per_s_ratio_vllm'], '.2f')} | {fmt(r['vllm']['ttft_ms.p50'])} |" for r in vrows]
     mem = report.get("memory") or []
     if mem:
-        lines += ["", "## Server memory (RSS of the server's process group, MiB; median over rounds)", "",
+        lines += ["", "## Server memory (RSS of the server and every process under it, its worker included, MiB; median over rounds)", "",
                   "| server | idle (after warm-up) | peak under load |", "|---|---:|---:|"]
         for name in dict.fromkeys(m["server"] for m in mem):
             ms = [m for m in mem if m["server"] == name]
