@@ -298,7 +298,10 @@ def test_chaos_under_load_loses_nothing_and_memory_stays_flat(failure):
     finally:
         clean.cleanup()
     spec = f"seq_copy:oom:3:5,seq_create:oom:2:30,{failure}"
-    s = Server("--max-queued-requests", "1024", "--worker-stall-timeout", "3", env={"SUPERFLUID_FAIL_RUNTIME": spec})
+    # --no-speculative: the failures are placed by the runtime call they hit (the 400th step),
+    # and drafts would let the same work take fewer steps
+    s = Server("--max-queued-requests", "1024", "--worker-stall-timeout", "3", "--no-speculative",
+               env={"SUPERFLUID_FAIL_RUNTIME": spec})
     try:
         rss = []
         for round_ in range(4):  # 0: OOMs and the fatal step; 1: a SIGKILL; 2, 3: the replacement alone
