@@ -102,6 +102,11 @@ class ClusterEngine:
     def stop(self, timeout: float = 5.0, drain: float = 0.0) -> None:
         import ray
 
+        if self._stopped or not ray.is_initialized():
+            # once only, and never after ray.shutdown(): ray.kill on a handle of a finished
+            # session would start a new Ray instance (its auto-init) just to fail
+            self._stopped = True
+            return
         self._stopped = True
         for t in list(self._tasks):
             t.cancel()
