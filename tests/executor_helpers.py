@@ -76,14 +76,14 @@ def check_invariants(ex: Executor) -> None:
     for e in ex.cache.resident():
         assert rt.seq_len(e.seq) >= len(e.tokens)
     # pins count the live leases naming each entry
-    leases = Counter(s.entry_id for s in ex.seeds.values() if s.adopted is None and s.entry_id)
+    leases = Counter(s.entry_id for s in ex.leases.values() if s.adopted is None and s.entry_id)
     for e in ex.cache:
         assert e.pins >= 0
         assert e.pins == leases.get(e.entry_id, 0), (e.entry_id, e.pins, leases.get(e.entry_id, 0))
     ids = {e.entry_id for e in ex.cache}
     assert set(leases) <= ids, f"leases name entries that are gone: {set(leases) - ids}"
     # adopted leases hold bare sequences
-    for s in ex.seeds.values():
+    for s in ex.leases.values():
         if s.adopted is not None:
             assert s.adopted in ex.bare
     # no lane is both live and awaiting its retire after a fault

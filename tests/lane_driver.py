@@ -70,7 +70,7 @@ class Driver:
     def add(self, run: LaneRun) -> LaneRun:
         if run.seed_handle:
             h = run.seed_handle
-            run.prefilled = self.seed_lens[h] if h in self.seed_lens else self.ex.seeds[h].prefix_len
+            run.prefilled = self.seed_lens[h] if h in self.seed_lens else self.ex.leases[h].prefix_len
         run.prefill_end = max(len(run.prompt) - run.decode_replay, run.prefilled)
         self.lanes[run.tag] = run
         return run

@@ -218,7 +218,7 @@ def test_adopted_sequence_from_another_executor():
 def test_latency_wanted_sizes_prefill_steps():
     rt = ToyRuntime(prefill_step_tokens=1024, max_seq_len=2048)
     ex = Executor(rt)
-    ex.prefill_secs_per_token = 0.3 / 256  # as if measured: 256 tokens fill a latency step
+    ex.ctx.pace.prefill_secs_per_token = 0.3 / 256  # as if measured: 256 tokens fill a latency step
     ex.rings.set_latency_wanted(True)
     steps_before = rt.steps
     d = Driver(ex)

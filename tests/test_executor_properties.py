@@ -253,7 +253,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         seed = None
         if self.adopted and r.random() < 0.3:
             lease, toks = self.adopted.pop(0)
-            if lease.handle in self.ex.seeds and lease.adopted in self.ex.bare:
+            if lease.handle in self.ex.leases and lease.adopted in self.ex.bare:
                 prompt = (toks + self.tokens(1, 6))[: self.desc.max_seq_len - 2]
                 if len(prompt) > len(toks):
                     seed = lease
@@ -574,7 +574,7 @@ class ExecutorMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def release_a_lease(self, data):
-        free = [h for h, s in self.ex.seeds.items()]
+        free = [h for h, s in self.ex.leases.items()]
         if free:
             self.ex.release_seed(free[data.draw(st.integers(0, len(free) - 1))])
             check_invariants(self.ex)

@@ -434,11 +434,11 @@ def test_reject_stale_seed(cause):
     if cause == "expired_and_swept":
         old = ex.lease_seed(prompt, ttl_ticks=0)
         d.ok()  # the lease's last tick passes: it is swept and its pin goes
-        assert old.handle not in ex.seeds
+        assert old.handle not in ex.leases
         handle = old.handle
     elif cause == "expired_still_held":
         old = ex.lease_seed(prompt, ttl_ticks=-1)
-        assert old.handle in ex.seeds
+        assert old.handle in ex.leases
         handle = old.handle
     elif cause == "released":
         old = ex.lease_seed(prompt)

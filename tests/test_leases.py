@@ -18,7 +18,7 @@ SYSTEM = "You are a helpful assistant of the river harbour office. " * 3
 
 def pinned_without_lease(ex) -> list[int]:
     held: dict[int, int] = {}
-    for lease in ex.seeds.values():
+    for lease in ex.leases.values():
         if lease.entry_id:
             held[lease.entry_id] = held.get(lease.entry_id, 0) + 1
     return [e.entry_id for e in ex.cache.entries if e.pins != held.get(e.entry_id, 0)]
@@ -45,7 +45,7 @@ def test_after_every_step_only_live_leases_pin(n_requests, max_running, budget, 
         assert steps < 5000
         assert not pinned_without_lease(ex)
         # every live lease belongs to no one once the step is over: the scheduler keeps none
-        assert not [h for h, lease in ex.seeds.items() if lease.entry_id], ex.seeds
+        assert not [h for h, lease in ex.leases.items() if lease.entry_id], ex.leases
     assert len(eng.collected) == n_requests + 1 and all(o["finish"] for o in eng.collected.values())
 
 

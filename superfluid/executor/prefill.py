@@ -16,16 +16,14 @@ Invariants:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from ..abi import MAX_TOP_LOGPROBS, PromptLogprob
 from ..runtimes.base import Feed, PrimError
 from .sampling import logprobs as score
-from .tick import FatalTick, TickState, fail_step, unless_fatal
-
-if TYPE_CHECKING:
-    from .executor import Executor
+from .context import TickContext
+from .faults import fail_step, fatal_tick, unless_fatal
+from .tick_state import TickState
 
 CHECKPOINT_MIN_TOKENS = 128  # a shorter prompt costs little to run again
 LATENCY_STEP_SECS = 0.3  # while latency matters, a prefill step is about this long
@@ -49,152 +47,174 @@ class _Planned:
     scored: bool = False  # every position's row: prompt logprobs
 
 
-def _step_cap(ex: "Executor") -> int:
-    n = ex.desc.prefill_step_tokens
+def _step_cap(c: TickContext) -> int:
+    n = c.desc.prefill_step_tokens
     if n == 0:
         return 1 << 62
-    spt = ex.prefill_secs_per_token
-    if spt and ex.rings.latency_wanted():
+    spt = c.pace.prefill_secs_per_token
+    if spt and c.rings.latency_wanted():
         fits = int(LATENCY_STEP_SECS / spt) // LATENCY_STEP_UNIT * LATENCY_STEP_UNIT
         return min(max(fits, LATENCY_STEP_UNIT), max(n, LATENCY_STEP_UNIT))
     return n
 
 
-def checkpoint_prompt(ex: "Executor", tag: int, min_tokens: int = CHECKPOINT_MIN_TOKENS) -> None:
+def checkpoint_prompt(c: TickContext, tag: int, min_tokens: int = CHECKPOINT_MIN_TOKENS) -> None:
     """A copy of the lane's state where its prompt ends, less the held-back token
     (whole pages of it on a paged runtime, where a copy shares the blocks)."""
-    lane = ex.lanes.get(tag)
+    lane = c.lanes.get(tag)
     if lane is None:
         return
     n = lane.ingested()
-    if not ex.desc.exact_only:
-        n = n // ex.page() * ex.page()
+    if not c.desc.exact_only:
+        n = n // c.pool.page * c.pool.page
     tokens = lane.committed[:n]
-    if n < max(min_tokens, 1) or ex.cache.find_tokens(tokens) is not None:
+    if n < max(min_tokens, 1) or c.pool.cache.find_tokens(tokens) is not None:
         return
     try:  # best effort: without room the prompt is simply not cached; a Fatal still is fatal
-        dst = ex.prim.seq_create()
+        dst = c.prim.seq_create()
     except PrimError as e:
-        unless_fatal(ex, e, "publishing a prompt (create)")
+        unless_fatal(c, e, "publishing a prompt (create)")
         return
     try:
-        ex.prim.seq_copy(lane.seq, dst, n)
+        c.prim.seq_copy(lane.seq, dst, n)
     except PrimError as e:
-        ex.prim.seq_free(dst)
-        unless_fatal(ex, e, "publishing a prompt (copy)")
+        c.prim.seq_free(dst)
+        unless_fatal(c, e, "publishing a prompt (copy)")
         return
-    ex.cache.insert(dst, tokens, len(lane.prompt), ex.entry_bytes(n), ex.tick_count, lane.cache_key, lane.cache_retention)
+    c.pool.cache.insert(dst, tokens, len(lane.prompt), c.pool.entry_bytes(n), c.tick_count, lane.cache_key, lane.cache_retention)
 
 
-def prefill_phase(ex: "Executor", st: TickState) -> None:
+def prefill_phase(c: TickContext, st: TickState) -> None:
     t0 = time.perf_counter_ns()
-    plan = st.plan
-    decode_tags = {d.lane_tag for d in plan.decodes if d.max_new_tokens > 0}
-    budget = plan.prefill_token_budget
-    work: list[_Work] = []
-    for p in plan.prefills:
-        take = min(p.token_count, budget)
-        budget -= take
-        if p.token_count > take:
-            st.dropped(p.lane_tag, p.token_count - take)
-        if take > 0:
-            work.append(_Work(p.lane_tag, p.token_offset, p.token_offset + take))
-    step_cap = _step_cap(ex)
+    work = _budgeted(st)
+    step_cap = _step_cap(c)
     if step_cap < (1 << 62):
-        spt = ex.prefill_secs_per_token
-        ex.prim.sync_steps(ex.rings.latency_wanted() or spt is None or spt * step_cap >= SYNC_STEP_SECS)
+        spt = c.pace.prefill_secs_per_token
+        c.prim.sync_steps(c.rings.latency_wanted() or spt is None or spt * step_cap >= SYNC_STEP_SECS)
+    decode_tags = {d.lane_tag for d in st.plan.decodes if d.max_new_tokens > 0}
     ran = 0
     stepped = False
     while any(w.next < w.end for w in work):
-        if stepped and ex.rings.yield_requested():
+        if stepped and c.rings.yield_requested():
             for w in work:
                 if w.next < w.end:
                     st.dropped(w.tag, w.end - w.next)
             st.yielded = True
             break
         stepped = True
-        planned: list[_Planned] = []
-        checkpoints: list[int] = []
-        publishes: list[int] = []  # paged lanes whose prompt forks will share
-        left = step_cap
-        for w in work:
-            if w.next >= w.end or left == 0:
-                continue
-            if w.tag in st.faulted:
-                w.next = w.end
-                continue
-            take = min(w.end - w.next, left)
-            left -= take
-            ran += take
-            lane = ex.lanes[w.tag]
-            start = lane.ingested()
-            chunk = lane.prompt[w.next : w.next + take]
-            completes = w.next + take == len(lane.prompt)
-            w.next += take
-            feed = [] if lane.pending_input is None else [lane.pending_input]
-            lane.pending_input = None
-            checkpoint = completes and ex.desc.exact_only and len(lane.prompt) >= 2
-            wants_row = completes and w.tag in decode_tags and not checkpoint
-            if checkpoint:
-                checkpoints.append(w.tag)
-            elif completes and lane.publish_prompt and not ex.desc.exact_only:
-                publishes.append(w.tag)
-            if completes and not wants_row:
-                feed += chunk[:-1]
-                lane.pending_input = chunk[-1]
-            else:
-                feed += chunk
-            lane.committed += chunk
-            lane.prefilled += take
-            if feed:
-                planned.append(_Planned(w.tag, feed, wants_row, start, lane.prompt_logprobs_top is not None))
-        if not planned:
-            continue
-        plain = [f for f in planned if not f.scored]
-        if plain and not _step(ex, st, plain):
-            continue
-        scored = [f for f in planned if f.scored]
-        if scored and not _step_scored(ex, st, scored):
-            continue
-        for tag in checkpoints:  # a prompt whose forks wait for it is worth a checkpoint at any length
-            lane = ex.lanes.get(tag)
-            checkpoint_prompt(ex, tag, min_tokens=1 if lane is not None and lane.publish_prompt else CHECKPOINT_MIN_TOKENS)
-        for tag in publishes:
-            checkpoint_prompt(ex, tag, min_tokens=1)
+        step = _plan_step(c, st, work, step_cap, decode_tags)
+        ran += step.tokens
+        _run_step(c, st, step)
     st.prefill_ns = time.perf_counter_ns() - t0
     if ran >= LATENCY_STEP_UNIT:
         sample = st.prefill_ns / 1e9 / ran
-        prev = ex.prefill_secs_per_token
-        ex.prefill_secs_per_token = sample if prev is None else 0.7 * prev + 0.3 * sample
+        prev = c.pace.prefill_secs_per_token
+        c.pace.prefill_secs_per_token = sample if prev is None else 0.7 * prev + 0.3 * sample
 
 
-def _step(ex: "Executor", st: TickState, planned: list[_Planned]) -> bool:
+def _budgeted(st: TickState) -> list[_Work]:
+    """The plan's chunks cut to its token budget; what the budget cuts is shed."""
+    budget = st.plan.prefill_token_budget
+    work: list[_Work] = []
+    for p in st.plan.prefills:
+        take = min(p.token_count, budget)
+        budget -= take
+        if p.token_count > take:
+            st.dropped(p.lane_tag, p.token_count - take)
+        if take > 0:
+            work.append(_Work(p.lane_tag, p.token_offset, p.token_offset + take))
+    return work
+
+
+@dataclass
+class _Step:
+    feeds: list[_Planned] = field(default_factory=list)
+    checkpoints: list[int] = field(default_factory=list)  # recurrent lanes whose prompt completes
+    publishes: list[int] = field(default_factory=list)  # paged lanes whose prompt forks will share
+    tokens: int = 0
+
+
+def _plan_step(c: TickContext, st: TickState, work: list[_Work], step_cap: int, decode_tags: set[int]) -> _Step:
+    """The next step's feeds, at most ``step_cap`` tokens; the lanes advance as planned."""
+    step = _Step()
+    left = step_cap
+    for w in work:
+        if w.next >= w.end or left == 0:
+            continue
+        if w.tag in st.faulted:
+            w.next = w.end
+            continue
+        take = min(w.end - w.next, left)
+        left -= take
+        step.tokens += take
+        lane = c.lanes[w.tag]
+        start = lane.ingested()
+        chunk = lane.prompt[w.next : w.next + take]
+        completes = w.next + take == len(lane.prompt)
+        w.next += take
+        feed = [] if lane.pending_input is None else [lane.pending_input]
+        lane.pending_input = None
+        checkpoint = completes and c.desc.exact_only and len(lane.prompt) >= 2
+        wants_row = completes and w.tag in decode_tags and not checkpoint
+        if checkpoint:
+            step.checkpoints.append(w.tag)
+        elif completes and lane.publish_prompt and not c.desc.exact_only:
+            step.publishes.append(w.tag)
+        if completes and not wants_row:
+            feed += chunk[:-1]
+            lane.pending_input = chunk[-1]
+        else:
+            feed += chunk
+        lane.committed += chunk
+        lane.prefilled += take
+        if feed:
+            step.feeds.append(_Planned(w.tag, feed, wants_row, start, lane.prompt_logprobs_top is not None))
+    return step
+
+
+def _run_step(c: TickContext, st: TickState, step: _Step) -> None:
+    if not step.feeds:
+        return
+    plain = [f for f in step.feeds if not f.scored]
+    if plain and not _step(c, st, plain):
+        return
+    scored = [f for f in step.feeds if f.scored]
+    if scored and not _step_scored(c, st, scored):
+        return
+    for tag in step.checkpoints:  # a prompt whose forks wait for it is worth a checkpoint at any length
+        lane = c.lanes.get(tag)
+        checkpoint_prompt(c, tag, min_tokens=1 if lane is not None and lane.publish_prompt else CHECKPOINT_MIN_TOKENS)
+    for tag in step.publishes:
+        checkpoint_prompt(c, tag, min_tokens=1)
+
+
+def _step(c: TickContext, st: TickState, planned: list[_Planned]) -> bool:
     try:
-        got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in planned])
+        got = c.prim.step([Feed(c.lanes[f.tag].seq, f.tokens, f.wants_row) for f in planned])
     except PrimError as e:
-        fail_step(ex, st, [f.tag for f in planned], e, "a prefill step")
+        fail_step(c, st, [f.tag for f in planned], e, "a prefill step")
         return False
     wanted = [f for f in planned if f.wants_row]
     if len(got) != len(wanted):
-        raise FatalTick(ex.fatal("a prefill step's rows"))
+        raise fatal_tick(c, "a prefill step's rows")
     for f, row in zip(wanted, got):
         st.rows[f.tag] = row
     return True
 
 
-def _step_scored(ex: "Executor", st: TickState, planned: list[_Planned]) -> bool:
+def _step_scored(c: TickContext, st: TickState, planned: list[_Planned]) -> bool:
     """A prefill step with every position's row: each scores the prompt token after it."""
     try:
-        got = ex.prim.step_rows([Feed(ex.lanes[f.tag].seq, f.tokens, True) for f in planned])
+        got = c.prim.step_rows([Feed(c.lanes[f.tag].seq, f.tokens, True) for f in planned])
     except PrimError as e:
-        fail_step(ex, st, [f.tag for f in planned], e, "a prefill step")
+        fail_step(c, st, [f.tag for f in planned], e, "a prefill step")
         return False
     if got is None:  # the runtime cannot give every row: the prompt goes unscored
-        return _step(ex, st, planned)
+        return _step(c, st, planned)
     if len(got) != len(planned) or any(len(r) != len(f.tokens) for f, r in zip(planned, got)):
-        raise FatalTick(ex.fatal("a scored prefill step's rows"))
+        raise fatal_tick(c, "a scored prefill step's rows")
     for f, rows in zip(planned, got):
-        lane = ex.lanes[f.tag]
+        lane = c.lanes[f.tag]
         k = min(lane.prompt_logprobs_top or 0, MAX_TOP_LOGPROBS)
         for i, row in enumerate(rows):
             pos = f.start + i + 1
@@ -205,52 +225,3 @@ def _step_scored(ex: "Executor", st: TickState, planned: list[_Planned]) -> bool
         if f.wants_row:
             st.rows[f.tag] = rows[-1]
     return True
-
-
-def replay_phase(ex: "Executor", st: TickState, replaying: list[int], remaining: dict[int, int]) -> None:
-    """Feed the last ``decode_replay`` prompt tokens through decode-shaped steps, one
-    per round, so a rebuilt lane's state is computed as it first was. Each replayed
-    token spends one of the lane's rounds this tick."""
-    yield_after_pass = False
-    while True:
-        passing: list[_Planned] = []
-        for tag in replaying:
-            if remaining.get(tag, 0) <= 0 or tag not in ex.lanes:
-                continue
-            lane = ex.lanes[tag]
-            at = len(lane.committed)
-            if at >= len(lane.prompt):
-                continue
-            token = lane.prompt[at]
-            last = at + 1 == len(lane.prompt)
-            lane.committed.append(token)
-            remaining[tag] -= 1
-            if last and remaining[tag] == 0:
-                lane.pending_input = token
-            else:
-                passing.append(_Planned(tag, [token], last))
-        if not passing:
-            break
-        if yield_after_pass and ex.rings.yield_requested():
-            for f in passing:
-                ex.lanes[f.tag].committed.pop()
-                remaining[f.tag] += 1
-            break
-        yield_after_pass = True
-        batch = max(ex.desc.max_batch, 1)
-        for i in range(0, len(passing), batch):
-            chunk = passing[i : i + batch]
-            try:
-                got = ex.prim.step([Feed(ex.lanes[f.tag].seq, f.tokens, f.wants_row) for f in chunk])
-            except PrimError as e:
-                fail_step(ex, st, [f.tag for f in chunk], e, "a decode step")
-                for f in chunk:
-                    remaining.pop(f.tag, None)
-                continue
-            it = iter(got)
-            for f in chunk:
-                if f.wants_row:
-                    st.rows[f.tag] = next(it)
-    for tag in replaying:
-        if remaining.get(tag) == 0:
-            remaining.pop(tag)

@@ -7,13 +7,10 @@ here may mutate either (the grammar store's ``cursor`` builds a fresh matcher).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..abi import LaneAdmit, Sampling, Status, TickFlag, TickPlan
 from ..rings import RingError
-
-if TYPE_CHECKING:
-    from .executor import Executor
+from .context import TickContext
 
 
 class Reject(Exception):
@@ -46,42 +43,42 @@ def prefill_end_of(prompt_len: int, seeded: int, decode_replay: int) -> int:
     return max(prompt_len - decode_replay, seeded)
 
 
-def validate(ex: "Executor", plan: TickPlan) -> Checked:
-    desc = ex.desc
-    if ex.last_plan_seq is not None and plan.plan_seq <= ex.last_plan_seq:
+def validate(c: TickContext, plan: TickPlan) -> Checked:
+    desc = c.desc
+    if c.last_plan_seq is not None and plan.plan_seq <= c.last_plan_seq:
         raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
     if plan.max_decode_lanes > desc.max_batch:
         raise Reject(Status.REJECT_BUDGET)
     if plan.flags & TickFlag.DRAIN and plan.admits:
         raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
     chk = Checked()
-    _check_admits(ex, plan, chk)
-    _check_commits(ex, plan)
-    reached = _check_prefills(ex, plan, chk)
-    _check_decodes(ex, plan, chk, reached)
+    _check_admits(c, plan, chk)
+    _check_commits(c, plan)
+    reached = _check_prefills(c, plan, chk)
+    _check_decodes(c, plan, chk, reached)
     for r in plan.retires:
-        if r.lane_tag not in ex.lanes and r.lane_tag not in ex.faulted:
+        if r.lane_tag not in c.lanes and r.lane_tag not in c.faulted:
             raise Reject(Status.REJECT_UNKNOWN_LANE)
-    chk.live_retires = [r for r in plan.retires if r.lane_tag in ex.lanes]
+    chk.live_retires = [r for r in plan.retires if r.lane_tag in c.lanes]
     retiring = {r.lane_tag for r in plan.retires}
     if len(retiring) != len(plan.retires):
         raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
     # Retires run first: a lane that goes cannot also be fed this tick.
-    worked = {c.lane_tag for c in plan.commits} | {p.lane_tag for p in plan.prefills} | {d.lane_tag for d in plan.decodes}
+    worked = {cm.lane_tag for cm in plan.commits} | {p.lane_tag for p in plan.prefills} | {d.lane_tag for d in plan.decodes}
     if retiring & worked:
         raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
     return chk
 
 
-def _check_admits(ex: "Executor", plan: TickPlan, chk: Checked) -> None:
-    desc = ex.desc
+def _check_admits(c: TickContext, plan: TickPlan, chk: Checked) -> None:
+    desc = c.desc
     seen_seeds: set[int] = set()
     seen_grammars: set[int] = set()
     for a in plan.admits:
-        if a.lane_tag in ex.lanes or a.lane_tag in chk.admits or a.lane_tag == 0:
+        if a.lane_tag in c.lanes or a.lane_tag in chk.admits or a.lane_tag == 0:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         try:
-            prompt = ex.rings.read_tokens(a.prompt)
+            prompt = c.rings.read_tokens(a.prompt)
         except RingError as e:
             raise Reject(ring_status(e)) from None
         if not prompt:
@@ -92,91 +89,91 @@ def _check_admits(ex: "Executor", plan: TickPlan, chk: Checked) -> None:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.decode_replay < 0 or a.decode_replay >= len(prompt):
             raise Reject(Status.REJECT_BOUNDS)
-        if a.strategy_slot != 0 and (ex.strategy is None or ex.strategy_slot != a.strategy_slot):
+        if a.strategy_slot != 0 and (c.spec.config is None or c.spec.slot != a.strategy_slot):
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.grammar_handle != 0:
             if (
-                not ex.grammars.available(a.grammar_handle)
+                not c.grammars.store.available(a.grammar_handle)
                 or a.grammar_handle in seen_grammars
                 or a.grammar_replay > len(prompt)
             ):
                 raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
             seen_grammars.add(a.grammar_handle)
             replay = prompt[len(prompt) - a.grammar_replay :] if a.grammar_replay else []
-            cursor = ex.grammars.cursor(a.grammar_handle, replay)
+            cursor = c.grammars.store.cursor(a.grammar_handle, replay)
             if cursor is None:
                 raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
             chk.cursors[a.lane_tag] = cursor
         elif a.grammar_replay != 0:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
-        if a.logit_bias_handle != 0 and a.logit_bias_handle not in ex.biases:
+        if a.logit_bias_handle != 0 and a.logit_bias_handle not in c.biases:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.seed_handle != 0:
-            _check_seed(ex, a, prompt, seen_seeds)
+            _check_seed(c, a, prompt, seen_seeds)
         if len(prompt) > desc.max_seq_len:
             raise Reject(Status.REJECT_BUDGET)
         chk.prompts[a.lane_tag] = prompt
         chk.admits[a.lane_tag] = a
 
 
-def _check_seed(ex: "Executor", a: LaneAdmit, prompt: list[int], seen: set[int]) -> None:
+def _check_seed(c: TickContext, a: LaneAdmit, prompt: list[int], seen: set[int]) -> None:
     if a.seed_handle in seen:
         raise Reject(Status.REJECT_STALE_SEED)
     seen.add(a.seed_handle)
-    lease = ex.seeds.get(a.seed_handle)
-    if lease is None or lease.expires_at_tick < ex.tick_count or lease.determinism != a.determinism_class:
+    lease = c.leases.live.get(a.seed_handle)
+    if lease is None or lease.expires_at_tick < c.tick_count or lease.determinism != a.determinism_class:
         raise Reject(Status.REJECT_STALE_SEED)
     n = len(lease.prefix)
     if len(prompt) < n or prompt[:n] != lease.prefix:
         raise Reject(Status.REJECT_STALE_SEED)
     if lease.adopted is not None:
-        if lease.adopted not in ex.bare:
+        if lease.adopted not in c.leases.bare:
             raise Reject(Status.REJECT_STALE_SEED)
-        if n == len(prompt) and ex.desc.exact_only:
+        if n == len(prompt) and c.desc.exact_only:
             # the state cannot give back the prompt's last token for the first decode
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
-    elif ex.cache.get(lease.entry_id) is None:
+    elif c.pool.cache.get(lease.entry_id) is None:
         raise Reject(Status.REJECT_STALE_SEED)
 
 
-def _check_commits(ex: "Executor", plan: TickPlan) -> None:
+def _check_commits(c: TickContext, plan: TickPlan) -> None:
     seen: set[int] = set()
-    for c in plan.commits:
-        lane = ex.lanes.get(c.lane_tag)
+    for cm in plan.commits:
+        lane = c.lanes.get(cm.lane_tag)
         if lane is None:
             raise Reject(Status.REJECT_UNKNOWN_LANE)
-        if lane.sampling != Sampling.HOST or lane.finished or c.lane_tag in seen:
+        if lane.sampling != Sampling.HOST or lane.finished or cm.lane_tag in seen:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
-        seen.add(c.lane_tag)
+        seen.add(cm.lane_tag)
         if lane.pending_logits is None:
             raise Reject(Status.REJECT_HOST_RULES)
-        if c.logits_nonce != lane.pending_logits.generation:
+        if cm.logits_nonce != lane.pending_logits.generation:
             raise Reject(Status.REJECT_STALE_NONCE)
-        if not 0 <= c.token_id < ex.desc.vocab_size:
+        if not 0 <= cm.token_id < c.desc.vocab_size:
             raise Reject(Status.REJECT_BOUNDS)
         # A host lane with a grammar was sent a masked row: a token the mask ruled out
         # is the host breaking the rules (``allowed`` reads the cursor, it moves nothing).
-        if lane.grammar is not None and not lane.grammar.cursor.allowed()[c.token_id]:
+        if lane.grammar is not None and not lane.grammar.cursor.allowed()[cm.token_id]:
             raise Reject(Status.REJECT_HOST_RULES)
 
 
-def _seeded(ex: "Executor", a: LaneAdmit) -> int:
-    return len(ex.seeds[a.seed_handle].prefix) if a.seed_handle else 0
+def _seeded(c: TickContext, a: LaneAdmit) -> int:
+    return len(c.leases.live[a.seed_handle].prefix) if a.seed_handle else 0
 
 
-def _check_prefills(ex: "Executor", plan: TickPlan, chk: Checked) -> dict[int, int]:
+def _check_prefills(c: TickContext, plan: TickPlan, chk: Checked) -> dict[int, int]:
     """Returns each prefilled lane's progress after this tick's budget."""
     reached: dict[int, int] = {}
     budget_left = plan.prefill_token_budget
     for p in plan.prefills:
         if p.lane_tag in reached:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
-        lane = ex.lanes.get(p.lane_tag)
+        lane = c.lanes.get(p.lane_tag)
         if lane is not None:
             end, done = lane.prefill_end, lane.prefilled
         elif p.lane_tag in chk.admits:
             a = chk.admits[p.lane_tag]
-            done = _seeded(ex, a)
+            done = _seeded(c, a)
             end = prefill_end_of(len(chk.prompts[p.lane_tag]), done, a.decode_replay)
         else:
             raise Reject(Status.REJECT_UNKNOWN_LANE)
@@ -193,14 +190,14 @@ def _check_prefills(ex: "Executor", plan: TickPlan, chk: Checked) -> dict[int, i
     return reached
 
 
-def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[int, int]) -> None:
-    commits = {c.lane_tag for c in plan.commits}
+def _check_decodes(c: TickContext, plan: TickPlan, chk: Checked, reached: dict[int, int]) -> None:
+    commits = {cm.lane_tag for cm in plan.commits}
     seen: set[int] = set()
     for d in plan.decodes:
         if d.lane_tag in seen or d.max_new_tokens < 0 or d.overshoot < 0:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         seen.add(d.lane_tag)
-        lane = ex.lanes.get(d.lane_tag)
+        lane = c.lanes.get(d.lane_tag)
         if lane is not None:
             is_host = lane.sampling == Sampling.HOST
             pending_row = lane.pending_logits is not None
@@ -210,7 +207,7 @@ def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[i
             replay_left = max(len(lane.prompt) - max(committed_len, end), 0)
         elif d.lane_tag in chk.admits:
             a = chk.admits[d.lane_tag]
-            seeded = _seeded(ex, a)
+            seeded = _seeded(c, a)
             end = prefill_end_of(len(chk.prompts[d.lane_tag]), seeded, a.decode_replay)
             is_host, pending_row, finished = a.sampling == Sampling.HOST, False, False
             after, committed_len = reached.get(d.lane_tag, seeded), end
@@ -229,7 +226,7 @@ def _check_decodes(ex: "Executor", plan: TickPlan, chk: Checked, reached: dict[i
                 raise Reject(Status.REJECT_HOST_RULES)
         if after != end:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
-        room = max(ex.desc.max_seq_len - committed_len, 0)
+        room = max(c.desc.max_seq_len - committed_len, 0)
         rounds = min(d.max_new_tokens, room)
         chk.adds[d.lane_tag] = chk.adds.get(d.lane_tag, 0) + rounds
         if lane is not None:
