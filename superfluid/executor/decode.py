@@ -14,72 +14,19 @@ step (chunks of ``max_batch``). Invariants:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..abi import (
-    MAX_TOP_LOGPROBS,
-    FaultCode,
-    Finish,
-    LaneEmit,
-    LaneLogprob,
-    RingRef,
-    Sampling,
-    SamplingFlag,
-    SpecStats,
-    TickFlag,
-)
+from ..abi import MAX_TOP_LOGPROBS, FaultCode, Finish, LaneEmit, LaneLogprob, RingRef, Sampling, SamplingFlag, SpecStats
 from ..rings import RingFull
 from ..runtimes.base import Feed, PrimError, SampleSpec
 from . import sampling as hs
-from .grammar_errors import GrammarOverflow
-from .speculate import propose
 from .context import TickContext
 from .faults import fail_step, fatal_tick, fault_lane
+from .grammar_errors import GrammarOverflow
 from .lane import Lane
+from .replay import replay_phase
+from .rows import DecodeState, Round, finish, greedy, own_row, partial, pick, process_row
 from .tick_state import TickState
-
-@dataclass
-class _Round:
-    tag: int
-    tokens: list[int]
-
-
-@dataclass
-class _Decode:
-    """Per-tick decode bookkeeping."""
-
-    remaining: dict[int, int] = field(default_factory=dict)  # rounds left per lane
-    cap_left: dict[int, int] = field(default_factory=dict)  # tokens left incl. overshoot
-    out: dict[int, list[int]] = field(default_factory=dict)  # emitted this tick
-    finishes: dict[int, int] = field(default_factory=dict)
-    picked: dict[int, int] = field(default_factory=dict)  # tokens the runtime sampled
-    spec_rows: dict[int, tuple[list[np.ndarray], list[int]]] = field(default_factory=dict)
-    spec_stats: dict[int, list[int]] = field(default_factory=dict)  # [proposed, accepted]
-    grammar_faults: list[int] = field(default_factory=list)
-    faults_oob: list[int] = field(default_factory=list)  # host rows the logits ring had no room for
-
-
-def _greedy(lane: Lane) -> bool:
-    return lane.sampling == Sampling.GREEDY or lane.params.temperature <= 0.0
-
-
-def _runtime_spec(lane: Lane, draws: bool) -> SampleSpec | None:
-    """A lane the runtime can sample for: nothing host-side touches its row."""
-    greedy = _greedy(lane)
-    if (
-        lane.sampling == Sampling.HOST
-        or (not greedy and not draws)
-        or lane.bias is not None
-        or hs.penalizes(lane.params)
-        or lane.logprobs_top is not None
-        or lane.grammar is not None
-    ):
-        return None
-    p = lane.params
-    return SampleSpec(0.0 if greedy else p.temperature, p.top_k, p.top_p, p.min_p, lane.rng_base + lane.rng_counter)
+from .verify import draft, take_verified
 
 
 def decode_phase(c: TickContext, st: TickState) -> None:
@@ -88,7 +35,7 @@ def decode_phase(c: TickContext, st: TickState) -> None:
         c.pace.penalty_exempt = frozenset([i for _, i in vocab.specials] + list(vocab.eos)) if vocab else frozenset()
     rows_from_prefill = len(st.rows)
     t0 = time.perf_counter_ns()
-    dc = _Decode()
+    dc = DecodeState()
     rnd, replaying = _first_round(c, st, dc)
     replay_phase(c, st, replaying, dc.remaining)
     dc.cap_left = {d.lane_tag: d.max_new_tokens + d.overshoot for d in st.plan.decodes}
@@ -110,10 +57,10 @@ def decode_phase(c: TickContext, st: TickState) -> None:
     _emit(c, st, dc)
 
 
-def _first_round(c: TickContext, st: TickState, dc: _Decode) -> tuple[list[_Round], list[int]]:
+def _first_round(c: TickContext, st: TickState, dc: DecodeState) -> tuple[list[Round], list[int]]:
     """Each decoding lane's first round input, and the lanes that replay first. A lane
     whose row the prefill kept needs no step for its first token."""
-    rnd: list[_Round] = []
+    rnd: list[Round] = []
     replaying: list[int] = []
     for d in st.plan.decodes:
         dc.out[d.lane_tag] = []
@@ -137,16 +84,16 @@ def _first_round(c: TickContext, st: TickState, dc: _Decode) -> tuple[list[_Roun
             continue
         if lane.pending_input is None:
             raise fatal_tick(c, "a decode with no input")
-        rnd.append(_Round(d.lane_tag, [lane.pending_input]))
+        rnd.append(Round(d.lane_tag, [lane.pending_input]))
         lane.pending_input = None
     return rnd, replaying
 
 
-def _rounds(c: TickContext, st: TickState, dc: _Decode, rnd: list[_Round], drafts_allowed: bool) -> bool:
+def _rounds(c: TickContext, st: TickState, dc: DecodeState, rnd: list[Round], drafts_allowed: bool) -> bool:
     """Decode rounds until every lane is done or a yield; True if any round drafted."""
     drafted = False
     while True:
-        drafts = _draft(c, rnd, dc) if drafts_allowed else {}
+        drafts = draft(c, rnd, dc) if drafts_allowed else {}
         drafted |= bool(drafts)
         _step_round(c, st, dc, rnd, drafts)
         rnd = _sample_round(c, st, dc)
@@ -167,82 +114,29 @@ def _rounds(c: TickContext, st: TickState, dc: _Decode, rnd: list[_Round], draft
             return drafted
 
 
-def replay_phase(c: TickContext, st: TickState, replaying: list[int], remaining: dict[int, int]) -> None:
-    """Feed the last ``decode_replay`` prompt tokens through decode-shaped steps, one
-    per round, so a rebuilt lane's state is computed as it first was. Each replayed
-    token spends one of the lane's rounds this tick."""
-    yield_after_pass = False
-    while True:
-        passing: list[tuple[int, int, bool]] = []  # (lane, token, wants_row)
-        for tag in replaying:
-            if remaining.get(tag, 0) <= 0 or tag not in c.lanes:
-                continue
-            lane = c.lanes[tag]
-            at = len(lane.committed)
-            if at >= len(lane.prompt):
-                continue
-            token = lane.prompt[at]
-            last = at + 1 == len(lane.prompt)
-            lane.committed.append(token)
-            remaining[tag] -= 1
-            if last and remaining[tag] == 0:
-                lane.pending_input = token
-            else:
-                passing.append((tag, token, last))
-        if not passing:
-            break
-        if yield_after_pass and c.rings.yield_requested():
-            for tag, _, _ in passing:
-                c.lanes[tag].committed.pop()
-                remaining[tag] += 1
-            break
-        yield_after_pass = True
-        batch = max(c.desc.max_batch, 1)
-        for i in range(0, len(passing), batch):
-            chunk = passing[i : i + batch]
-            try:
-                got = c.prim.step([Feed(c.lanes[tag].seq, [token], wants) for tag, token, wants in chunk])
-            except PrimError as e:
-                fail_step(c, st, [tag for tag, _, _ in chunk], e, "a decode step")
-                for tag, _, _ in chunk:
-                    remaining.pop(tag, None)
-                continue
-            it = iter(got)
-            for tag, _, wants in chunk:
-                if wants:
-                    st.rows[tag] = next(it)
-    for tag in replaying:
-        if remaining.get(tag) == 0:
-            remaining.pop(tag)
-
-
-def _draft(c: TickContext, rnd: list[_Round], dc: _Decode) -> dict[int, list[int]]:
-    mem = c.prim.mem_counters()
-    reserved = sum(dc.remaining.values())
-    spare = (1 << 62) if mem.cells_total == 0 else max(mem.cells_total - mem.cells_used - reserved, 0)
-    drafts = {}
-    for f in rnd:
-        lane = c.lanes[f.tag]
-        if lane.spec is None or not lane.spec.drafting():
-            continue
-        room = c.desc.max_seq_len - (len(lane.committed) + 1)
-        k = min(lane.spec.depth, dc.cap_left.get(f.tag, 0) - 1, room, spare)
-        d = propose(lane.committed, k, c.spec.config)
-        if not d:
-            continue
-        spare -= len(d)
-        f.tokens.extend(d)
-        drafts[f.tag] = d
-    return drafts
-
-
-def _fail_chunk(c: TickContext, st: TickState, dc: _Decode, chunk: list[_Round], e: PrimError, during: str) -> None:
+def _fail_chunk(c: TickContext, st: TickState, dc: DecodeState, chunk: list[Round], e: PrimError, during: str) -> None:
     fail_step(c, st, [f.tag for f in chunk], e, during)
     for f in chunk:
         dc.remaining.pop(f.tag, None)
 
 
-def _step_round(c: TickContext, st: TickState, dc: _Decode, rnd: list[_Round], drafts: dict[int, list[int]]) -> None:
+def _runtime_spec(lane: Lane, draws: bool) -> SampleSpec | None:
+    """A lane the runtime can sample for: nothing host-side touches its row."""
+    is_greedy = greedy(lane)
+    if (
+        lane.sampling == Sampling.HOST
+        or (not is_greedy and not draws)
+        or lane.bias is not None
+        or hs.penalizes(lane.params)
+        or lane.logprobs_top is not None
+        or lane.grammar is not None
+    ):
+        return None
+    p = lane.params
+    return SampleSpec(0.0 if is_greedy else p.temperature, p.top_k, p.top_p, p.min_p, lane.rng_base + lane.rng_counter)
+
+
+def _step_round(c: TickContext, st: TickState, dc: DecodeState, rnd: list[Round], drafts: dict[int, list[int]]) -> None:
     batch = max(c.desc.max_batch, 1)
     for i in range(0, len(rnd), batch):
         chunk = rnd[i : i + batch]
@@ -288,50 +182,18 @@ def _step_round(c: TickContext, st: TickState, dc: _Decode, rnd: list[_Round], d
             st.rows[f.tag] = row
 
 
-def _penalized(c: TickContext, lane: Lane) -> bool:
-    return c.pace.penalty_exempt is not None and hs.penalizes(lane.params)
-
-
-def _own_row(c: TickContext, lane: Lane, row: np.ndarray) -> np.ndarray:
-    """The row to pick from: a private copy when the grammar mask, bias or penalties will
-    change it (a runtime's row may be a view of its batch), else the row itself --
-    argmax, sampling and logprobs only read it."""
-    if lane.grammar is not None or lane.bias is not None or _penalized(c, lane):
-        return np.array(row, dtype=np.float32, copy=True)
-    return row
-
-
-def _process_row(c: TickContext, lane: Lane, row: np.ndarray) -> None:
-    """Bias and penalties in place, in the reference's order (the grammar mask comes first)."""
-    if lane.bias is not None:
-        hs.apply_logit_bias(row, lane.bias)
-    if _penalized(c, lane):
-        hs.apply_penalties(row, lane.committed[-hs.PENALTY_WINDOW :], lane.params, c.pace.penalty_exempt)
-
-
-def _pick(lane: Lane, row: np.ndarray) -> int:
-    if _greedy(lane):
-        return hs.argmax(row)
-    return hs.sample(row, lane.params, hs.uniform(lane.rng_base + lane.rng_counter))
-
-
-def _partial(st: TickState, tag: int, token: int) -> None:
-    if st.plan.flags & TickFlag.PARTIAL_EMITS and st.on_partial_emit is not None:
-        st.on_partial_emit(tag, token)
-
-
-def _from_row(c: TickContext, st: TickState, dc: _Decode, tag: int, lane: Lane) -> int | None:
+def _from_row(c: TickContext, st: TickState, dc: DecodeState, tag: int, lane: Lane) -> int | None:
     """The token from the lane's row, in the reference's order: grammar mask, bias,
     penalties, then the pick (logprobs from the processed row). None: no token this
     round (a grammar fault, or a host lane whose row went out for the host to pick)."""
-    row = _own_row(c, lane, st.rows.pop(tag))
+    row = own_row(c, lane, st.rows.pop(tag))
     if lane.grammar is not None:
         try:
             lane.grammar.mask(row)
         except GrammarOverflow:
             dc.grammar_faults.append(tag)
             return None
-    _process_row(c, lane, row)
+    process_row(c, lane, row)
     if lane.sampling == Sampling.HOST:
         # The host gets the row as far as this side's order goes (mask, bias,
         # penalties) and picks from it: the same pick gives the same token.
@@ -341,25 +203,25 @@ def _from_row(c: TickContext, st: TickState, dc: _Decode, tag: int, lane: Lane) 
         except RingFull:
             dc.faults_oob.append(tag)
         return None
-    token = _pick(lane, row)
+    token = pick(lane, row)
     if lane.logprobs_top is not None:
         lp, top = hs.logprobs(row, token, min(lane.logprobs_top, MAX_TOP_LOGPROBS))
         st.logprobs.append(LaneLogprob(tag, token, lp, [i for i, _ in top], [v for _, v in top]))
     return token
 
 
-def _sample_round(c: TickContext, st: TickState, dc: _Decode) -> list[_Round]:
-    nxt: list[_Round] = []
+def _sample_round(c: TickContext, st: TickState, dc: DecodeState) -> list[Round]:
+    nxt: list[Round] = []
     tags = sorted(set(st.rows) | set(dc.picked) | set(dc.spec_rows))
     for tag in tags:
         if tag in dc.spec_rows:
-            _take_verified(c, st, dc, tag, nxt)
+            take_verified(c, st, dc, tag, nxt)
             continue
         lane = c.lanes[tag]
         if len(lane.committed) >= c.desc.max_seq_len:
             dc.picked.pop(tag, None)
             st.rows.pop(tag, None)
-            _finish(lane, dc, tag, Finish.LENGTH)
+            finish(lane, dc, tag, Finish.LENGTH)
             continue
         token = dc.picked.pop(tag, None)
         if token is None:
@@ -376,91 +238,24 @@ def _sample_round(c: TickContext, st: TickState, dc: _Decode) -> list[_Round]:
                 dc.grammar_faults.append(tag)
         dc.out[tag].append(token)
         dc.cap_left[tag] = max(dc.cap_left.get(tag, 0) - 1, 0)
-        _partial(st, tag, token)
+        partial(st, tag, token)
         dc.remaining[tag] -= 1
         lane.pending_input = token
         if not lane.params.flags & SamplingFlag.IGNORE_EOS and c.prim.is_eos(token):
-            _finish(lane, dc, tag, Finish.EOS)
+            finish(lane, dc, tag, Finish.EOS)
         elif grammar_done:
-            _finish(lane, dc, tag, Finish.GRAMMAR)
+            finish(lane, dc, tag, Finish.GRAMMAR)
         elif len(lane.committed) >= c.desc.max_seq_len:
-            _finish(lane, dc, tag, Finish.LENGTH)
+            finish(lane, dc, tag, Finish.LENGTH)
         elif dc.remaining[tag] == 0:
             dc.remaining.pop(tag)
         elif tag not in dc.grammar_faults:
             lane.pending_input = None
-            nxt.append(_Round(tag, [token]))
+            nxt.append(Round(tag, [token]))
     return nxt
 
 
-def _finish(lane: Lane, dc: _Decode, tag: int, code: int) -> None:
-    dc.finishes[tag] = code
-    lane.finished = True
-    dc.remaining.pop(tag, None)
-
-
-def _take_verified(c: TickContext, st: TickState, dc: _Decode, tag: int, nxt: list[_Round]) -> None:
-    """Sample each verified row as a plain decode would; drafts are taken while they
-    match, and the first mismatch is the next token."""
-    rows, draft = dc.spec_rows.pop(tag)
-    lane = c.lanes[tag]
-    kv_before = len(lane.committed) - 1  # the fed pending token was committed already
-    taken = accepted = 0
-    finish = None
-    last = None
-    ignore_eos = bool(lane.params.flags & SamplingFlag.IGNORE_EOS)
-    for i, row in enumerate(rows):
-        if len(lane.committed) >= c.desc.max_seq_len:
-            finish = Finish.LENGTH
-            break
-        if dc.cap_left.get(tag, 0) == 0:
-            break
-        row = _own_row(c, lane, row)
-        _process_row(c, lane, row)
-        token = _pick(lane, row)
-        lane.committed.append(token)
-        lane.rng_counter += 1
-        dc.cap_left[tag] -= 1
-        taken += 1
-        last = token
-        dc.out[tag].append(token)
-        _partial(st, tag, token)
-        if tag in dc.remaining:
-            dc.remaining[tag] = max(dc.remaining[tag] - 1, 0)
-        if not ignore_eos and c.prim.is_eos(token):
-            finish = Finish.EOS
-            break
-        if len(lane.committed) >= c.desc.max_seq_len:
-            finish = Finish.LENGTH
-            break
-        if i < len(draft) and token == draft[i]:
-            accepted += 1
-        else:
-            break
-    lane.pending_input = last if taken else None
-    lane.spec.record(c.spec.config, len(draft), accepted)
-    stats = dc.spec_stats.setdefault(tag, [0, 0])
-    stats[0] += len(draft)
-    stats[1] += accepted
-    if finish is not None:
-        _finish(lane, dc, tag, finish)
-    keep = kv_before + max(taken, 1)
-    if keep < kv_before + 1 + len(draft):
-        try:
-            c.prim.seq_truncate(lane.seq, keep)
-        except PrimError as e:
-            fail_step(c, st, [tag], e, "a draft rollback")
-            dc.remaining.pop(tag, None)
-            return
-    more = finish is None and dc.remaining.get(tag, 0) > 0 and dc.cap_left.get(tag, 0) > 0
-    if more:
-        nxt.append(_Round(tag, [lane.pending_input]))
-        lane.pending_input = None
-    else:
-        dc.remaining.pop(tag, None)
-
-
-def _emit(c: TickContext, st: TickState, dc: _Decode) -> None:
+def _emit(c: TickContext, st: TickState, dc: DecodeState) -> None:
     for d in st.plan.decodes:
         if d.lane_tag in st.faulted:
             continue

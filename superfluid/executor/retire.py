@@ -18,7 +18,7 @@ from .grammar_errors import GrammarOverflow
 from .tick_state import TickState
 
 
-def commit(c: TickContext, st: TickState, cm: LaneCommit) -> None:
+def commit(c: TickContext, st: TickState, cm: HostCommit) -> None:
     """A host-sampled token joins the lane. The host ends a lane on EOS itself (it retires
     it); a grammar, which lives here, advances over the token, and when it ends there the
     lane finishes (its decode this tick only reports that)."""
