@@ -44,14 +44,14 @@ def _prompt(i: int) -> str:
     return f"stream {i}: tell me a story about the number {i * 7919} " * 3
 
 
-async def _streams(server, n: int, during=None) -> list[str]:
+async def _streams(server, n: int, during=None, max_tokens: int = 48) -> list[str]:
     """n concurrent seeded streams; ``during`` runs once they are all under way."""
     ac = openai.AsyncOpenAI(base_url=server.v1, api_key="none", max_retries=0, timeout=120)
     started = [asyncio.Event() for _ in range(n)]
 
     async def one(i: int) -> str:
         text, got = "", 0
-        stream = await ac.completions.create(model=MODEL, prompt=_prompt(i), max_tokens=48, temperature=0.9,
+        stream = await ac.completions.create(model=MODEL, prompt=_prompt(i), max_tokens=max_tokens, temperature=0.9,
                                              seed=i, stream=True, extra_body={"ignore_eos": True})
         async for chunk in stream:
             assert chunk.choices, chunk
@@ -179,3 +179,30 @@ def _metric(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+def test_sigterm_on_a_replica_hands_its_requests_over_with_identical_text(server):
+    """SIGTERM (a node drained, a pod stopped) on a replica's process: before it exits,
+    its running requests move by export/adopt (handovers, not failovers) and every
+    stream keeps its text. Long streams (about 3 s), so that they are still running when
+    the signal lands; Ray alone would let them finish there before exiting."""
+    n, long = 8, 240
+    reference = asyncio.run(_streams(server, n, max_tokens=long))  # undisturbed (the toy's text is the history's)
+    before = httpx.get(server.base + "/metrics").text
+    handovers0 = _metric(before, "superfluid_cluster_handovers_total")
+    failovers0 = _metric(before, "superfluid_cluster_failovers_total")
+    victim = {}
+
+    def term() -> None:
+        live = [r for r in server.health()["replicas"] if r["state"] == "up"]
+        r = max(live, key=lambda r: r["load"])
+        victim.update(name=r["name"], load=r["load"])
+        os.kill(r["pid"], signal.SIGTERM)
+
+    texts = asyncio.run(_streams(server, n, during=term, max_tokens=long))
+    assert victim["load"] > 0
+    for i, (got, want) in enumerate(zip(texts, reference)):
+        assert got == want, f"stream {i}"
+    after = httpx.get(server.base + "/metrics").text
+    assert _metric(after, "superfluid_cluster_handovers_total") - handovers0 >= 1, after
+    assert _metric(after, "superfluid_cluster_failovers_total") - failovers0 <= victim["load"]

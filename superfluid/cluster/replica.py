@@ -86,6 +86,34 @@ def _settle_future(fut: asyncio.Future, result: Any, error: BaseException | None
         fut.set_result(result)
 
 
+def _on_sigterm(hand_over: Callable[[], None]) -> bool:
+    """Hand the running requests over as soon as SIGTERM arrives.
+
+    Ray's SIGTERM handler runs on the main thread (which Ray holds: an actor cannot set
+    its own handler) and raises SystemExit through ``ray._private.worker.
+    raise_sys_exit_with_custom_error_message``; the graceful exit then waits for the
+    running tasks -- our streams -- to finish, however long they are, and a grace
+    period that runs out first kills them (recomputed elsewhere, not moved). Wrapping
+    that one function (ray is pinned; tests/test_cluster.py's SIGTERM test fails if it
+    stops being called) hands every request over first, so each stream ends at once
+    with its HandedOver and the exit is prompt. False: this Ray has no such hook.
+    """
+    import ray._private.worker as ray_worker
+
+    exit_with = getattr(ray_worker, "raise_sys_exit_with_custom_error_message", None)
+    if exit_with is None or getattr(exit_with, "superfluid_wrapped", False):
+        return False
+
+    def handing_over_first(message: str, exit_code: int = 0) -> None:
+        if "SIGTERM" in message:
+            hand_over()
+        exit_with(message, exit_code)
+
+    handing_over_first.superfluid_wrapped = True  # type: ignore[attr-defined]
+    ray_worker.raise_sys_exit_with_custom_error_message = handing_over_first
+    return True
+
+
 class ReplicaActor:
     """Wrapped with ``ray.remote`` by ``launch`` (so that importing this needs no Ray)."""
 
@@ -96,9 +124,9 @@ class ReplicaActor:
         self.engine = ReplicaEngine(build_engine(config), max_queued=config.max_queued_requests)
         self.engine.start()
         self._loop: asyncio.AbstractEventLoop | None = None
-        # SIGTERM (a node drained, a pod stopped): Ray's own handler exits the process,
-        # and handlers can only be set from the main thread, which Ray holds; the exit
-        # runs atexit handlers, and this one hands the running requests over first.
+        # SIGTERM (a node drained, a pod stopped): see _on_sigterm. The atexit hook covers
+        # any other exit of the process that runs them.
+        _on_sigterm(self._hand_over_at_exit)
         atexit.register(self._hand_over_at_exit)
 
     def _hand_over_at_exit(self, timeout: float = 10.0) -> None:
@@ -129,6 +157,7 @@ class ReplicaActor:
                        handed: list[HandedChoice] | None = None) -> AsyncIterator[Any]:
         """Lists of deltas as they come; a request handed over ends with its HandedOver.
         ``handed``: the request comes from a draining replica with exported KV."""
+        self._loop = asyncio.get_running_loop()  # a restarted actor is not asked ready() again
         if self.engine.draining:
             raise RuntimeError(f"replica {self.name} is draining")
         if handed is not None:
