@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..executor import Executor, ExecutorConfig
+from ..rings import Rings
+from ..runtimes.registry import build_runtime
+from ..worker.client import WorkerClient, WorkerConfig
 from .config import EngineConfig
 from .engine import Engine
 
@@ -81,8 +85,6 @@ def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
 def build_engine(config: EngineConfig) -> Engine:
     kind, kw, name = runtime_args(config)
     if config.worker:
-        from ..worker.client import WorkerClient, WorkerConfig
-
         client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout,
                                            host_cache_bytes=config.host_cache_mb << 20))
         try:
@@ -91,11 +93,7 @@ def build_engine(config: EngineConfig) -> Engine:
             client.close()  # the rings and the pulse are shared memory: give them back
             raise
         tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
-        return Engine(client, client.rings, tokenizer, config, model_name=name)
-
-    from ..executor import Executor, ExecutorConfig
-    from ..rings import Rings
-    from ..runtimes.registry import build_runtime
+        return Engine(client, client.rings, tokenizer, config, model_name=name, supervisor=client)
 
     runtime = build_runtime(kind, **kw)
     rings = Rings(runtime.desc.vocab_size)
