@@ -1,6 +1,6 @@
 """The worker process: one executor over one runtime, serving its engine over a socket.
 
-Run as ``python -m superfluid.worker --fd N --rings JSON --runtime JSON``. It exits 0
+Run as ``python -m superfluid.worker --fd N --pulse NAME --runtime JSON``. It exits 0
 when the engine closes the socket and 70 when the runtime fails fatally (the executor
 exits then, so the supervisor starts a clean worker). A heartbeat thread and a
 counter of completed runtime calls, both in the shared rings, let the supervisor
