@@ -7,7 +7,8 @@ import pytest
 
 from superfluid.abi import Sampling, SamplingParams, Status
 from superfluid.executor.grammar import GrammarError
-from superfluid.worker.client import WorkerClient, WorkerConfig, WorkerFailed, WorkerLost
+from superfluid.runtimes.base import Capacity
+from superfluid.worker.client import OperationFailed, WorkerClient, WorkerConfig, WorkerFailed, WorkerLost
 
 from lane_driver import Driver, LaneRun
 from test_executor_equivalence import SAMPLED, prompt_of, reference
@@ -48,6 +49,17 @@ def test_operations_and_errors_cross(client):
     client.release_grammar(h)
     with pytest.raises(ValueError):
         client.register_logit_bias({10**9: 1.0})
+    with pytest.raises(Capacity):  # the runtime's own PrimError subclass, as in process
+        client.adopt([1] * 5000, ["cells", [1] * 5000])
+
+
+def test_an_attribute_error_inside_an_operation_is_that_operations_internal_error(client):
+    # getattr(runtime, "no_such_primitive") fails inside fail_runtime: a bug of the
+    # call, not an operation the worker does not know
+    with pytest.raises(OperationFailed, match="fail_runtime.*AttributeError") as e:
+        client.fail_runtime("no_such_primitive", "fatal")
+    assert "unknown operation" not in str(e.value)
+    assert client.stats()["lanes"] == 0 and client.state == "ok"  # the worker goes on
 
 
 def test_fatal_runtime_error_exits_70_and_a_clean_worker_takes_over(client):

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
-from .engine import Engine, _is_worker_loss
+from ..executor.interface import ExecutorLost
+from .engine import Engine
 from .outputs import Delta
 from .params import SamplingParams
 from .request import ChoiceStart
@@ -200,9 +201,7 @@ class AsyncEngine:
             try:
                 try:
                     self.engine.add_request(rid, ids, params, choices)
-                except Exception as e:
-                    if not _is_worker_loss(e):
-                        raise
+                except ExecutorLost as e:
                     self.engine._recover_or_fail(e)  # then once more, on the clean worker
                     self.engine.add_request(rid, ids, params, choices)
             except Exception as e:

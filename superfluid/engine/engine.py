@@ -13,6 +13,8 @@ import logging
 import time
 from typing import Callable
 
+from ..executor.interface import ExecutorInterface, ExecutorLost, InProcess, Supervised
+from ..executor.speculate import SpecConfig
 from . import cache_keys
 from .choice import ChoiceState
 from .config import EngineConfig
@@ -25,16 +27,14 @@ from .scheduler import Scheduler
 log = logging.getLogger("superfluid.engine")
 
 
-def _is_worker_loss(e: Exception) -> bool:
-    # Imported lazily: the worker package is only needed when a worker runs the model.
-    from ..worker.client import WorkerLost
-
-    return isinstance(e, WorkerLost)
-
-
 class Engine:
-    def __init__(self, executor, rings, tokenizer, config: EngineConfig = EngineConfig(), model_name: str = ""):
+    """``executor`` runs the ticks, in this process or another; ``supervisor`` keeps
+    it alive (a worker's, or ``InProcess``: nothing to watch)."""
+
+    def __init__(self, executor: ExecutorInterface, rings, tokenizer, config: EngineConfig = EngineConfig(),
+                 model_name: str = "", supervisor: Supervised | None = None):
         self.ex = executor
+        self.supervisor: Supervised = supervisor if supervisor is not None else InProcess()
         self.rings = rings
         self.tokenizer = tokenizer
         self.config = config
@@ -145,14 +145,12 @@ class Engine:
         # Not on an exact_only runtime (recurrent state): a draft the model rejects must be cut
         # back, and such a state refuses a partial truncate.
         if self.config.scheduler.speculative and not self.desc.exact_only:
-            from ..executor import SpecConfig
-
             self.scheduler.planner.strategy_slot = self.ex.load_strategy(SpecConfig())
 
     def recover(self) -> None:
-        """After the executor's worker was lost: start a clean one and re-admit every
-        live request (same tokens, same rng base, decode replay), with new handles."""
-        self.ex.restart()
+        """After the executor was lost: start a clean one and re-admit every live
+        request (same tokens, same rng base, decode replay), with new handles."""
+        self.supervisor.restart()
         self._load_strategy()
         for req in self.scheduler.lanes_lost():
             p = req.params
@@ -165,47 +163,27 @@ class Engine:
     def check_worker(self) -> None:
         """Replace a worker that died while nothing ran (a tick would notice otherwise);
         the loop calls this when idle, so that /health is ok again without a request."""
-        from ..worker.client import WorkerClient, WorkerLost
-
-        ex = self.ex
-        if isinstance(ex, WorkerClient) and ex.state == "ok" and ex.proc is not None:
-            code = ex.proc.poll()
-            if code is not None:
-                self._recover_or_fail(WorkerLost(f"the worker exited with status {code} while idle", code))
+        try:
+            self.supervisor.check()
+        except ExecutorLost as e:
+            self._recover_or_fail(e)
 
     def close(self) -> None:
         """Stop the model's worker process, if one runs it."""
-        from ..worker.client import WorkerClient
-
         self.scheduler.host.close()
-        if isinstance(self.ex, WorkerClient):
-            self.ex.close()
+        self.supervisor.close()
 
     @property
     def model_pid(self) -> int | None:
         """The process that runs the model: the worker's (None while none runs, e.g.
         between a lost worker and its replacement), or this one."""
-        import os
-
-        from ..worker.client import WorkerClient
-
-        if isinstance(self.ex, WorkerClient):
-            return self.ex.pid
-        return os.getpid()
+        return self.supervisor.pid
 
     def worker_health(self) -> dict | None:
         """The supervised worker's state (None when the model runs in this process):
         ``state`` is ok, starting, restarting, failed or stopped; a worker that has
         exited but is not yet replaced counts as restarting. Safe from any thread."""
-        from ..worker.client import WorkerClient
-
-        ex = self.ex
-        if not isinstance(ex, WorkerClient):
-            return None
-        state, proc = ex.state, ex.proc
-        if state == "ok" and (proc is None or proc.poll() is not None):
-            state = "restarting"  # dead, and the supervisor has not noticed yet
-        return {"state": state, "restarts": ex.restart_count, "last_exit": ex.last_exit}
+        return self.supervisor.health()
 
     def _compile(self, kind: str, source: str) -> int:
         try:
@@ -249,10 +227,10 @@ class Engine:
         on_token = self._on_token if self.on_delta is not None else None
         try:
             updates = self.scheduler.step(on_token)
+        except ExecutorLost as e:
+            self._recover_or_fail(e)
+            return self._out
         except Exception as e:
-            if _is_worker_loss(e):
-                self._recover_or_fail(e)
-                return self._out
             self._fail_all(f"engine error: {e}")
             raise
         for u in updates:
@@ -299,17 +277,17 @@ class Engine:
         if self.on_delta is not None:
             self.on_delta(delta)
 
-    def _recover_or_fail(self, lost: Exception) -> None:
+    def _recover_or_fail(self, lost: ExecutorLost) -> None:
         log.warning("the model worker was lost (%s); starting a clean one and replaying its requests", lost)
         while True:
             try:
                 self.recover()
                 return
+            except ExecutorLost as e:  # the new worker was lost too, while taking over: again
+                # (the supervisor bounds restarts: WorkerFailed when they run out)
+                log.warning("the model worker was lost again while taking over (%s); starting another", e)
+                continue
             except Exception as e:
-                if _is_worker_loss(e):  # the new worker was lost too, while taking over: again
-                    # (the supervisor bounds restarts: WorkerFailed when they run out)
-                    log.warning("the model worker was lost again while taking over (%s); starting another", e)
-                    continue
                 # restarts ran out, or the model no longer loads
                 log.error("the model worker cannot be restarted: %s", e)
                 self._fail_all(f"the model worker failed: {e}")

@@ -11,6 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..executor import Executor, ExecutorConfig
+from ..models import DEFAULT_MODEL, resolve_model
+from ..rings import Rings
+from ..runtimes.registry import build_runtime
+from ..runtimes.toy_vocab import ToyTokenizer
+from ..worker.client import WorkerClient, WorkerConfig
 from .config import EngineConfig
 from .engine import Engine
 
@@ -28,8 +34,6 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
         kw.update(config.runtime_extra)
         return "toy", kw, config.model or "toy"
     if config.runtime == "torch":
-        from ..models import DEFAULT_MODEL
-
         name = config.model or DEFAULT_MODEL
         kw = dict(model=name, dtype=config.dtype, deterministic=config.deterministic, progress=config.progress)
         if config.kv_cache_mb:
@@ -45,8 +49,6 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
 
 
 def _llamacpp_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
-    from ..models import DEFAULT_MODEL
-
     if config.quant not in ("auto",) or config.dtype not in (None, "auto"):
         raise ValueError("--quant and --dtype apply to the torch runtime (llama.cpp runs the file's own types)")
     if config.deterministic:
@@ -62,16 +64,14 @@ def _llamacpp_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
 
 
 def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
-    """The tokenizer without the weights (the worker holds those)."""
+    """The tokenizer without the weights (the worker holds those). Imported here, not
+    above: the Hugging Face tokenizers library is slow to import and the toy needs none."""
     if kind == "toy":
-        from ..runtimes.toy_vocab import ToyTokenizer
-
         return ToyTokenizer(vocab_size)
-    from ..models import resolve_model
     from ..tokenizer import Tokenizer
 
     path = resolve_model(kw["model"])
-    if kind == "llamacpp":  # ours, or llama.cpp's own for a vocabulary ours does not know
+    if kind == "llamacpp":  # ours, or llama.cpp's own for a vocabulary ours does not know (an optional extra)
         from ..runtimes.llamacpp.tokenizer import gguf_tokenizer
 
         return gguf_tokenizer(path)
@@ -81,8 +81,6 @@ def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
 def build_engine(config: EngineConfig) -> Engine:
     kind, kw, name = runtime_args(config)
     if config.worker:
-        from ..worker.client import WorkerClient, WorkerConfig
-
         client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout,
                                            host_cache_bytes=config.host_cache_mb << 20))
         try:
@@ -91,11 +89,7 @@ def build_engine(config: EngineConfig) -> Engine:
             client.close()  # the rings and the pulse are shared memory: give them back
             raise
         tokenizer = _tokenizer_for(kind, kw, client.desc.vocab_size)
-        return Engine(client, client.rings, tokenizer, config, model_name=name)
-
-    from ..executor import Executor, ExecutorConfig
-    from ..rings import Rings
-    from ..runtimes.registry import build_runtime
+        return Engine(client, client.rings, tokenizer, config, model_name=name, supervisor=client)
 
     runtime = build_runtime(kind, **kw)
     rings = Rings(runtime.desc.vocab_size)

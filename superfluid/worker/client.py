@@ -1,10 +1,11 @@
-"""The engine's side of a worker: an executor-shaped proxy and its supervisor.
+"""The engine's side of a worker: an executor over a socket, and its supervisor.
 
-``WorkerClient`` offers the executor's operations (run_tick, lease_seed, grammars,
-biases, strategies, ...) and forwards them to a worker process. It watches the worker
-while waiting on it: the process must be alive, its heartbeat must advance, and while
-a request is outstanding its runtime-call counter must advance (a worker that is
-alive but stuck counts as dead). Any of these failing kills the worker and raises
+``WorkerClient`` implements ``ExecutorInterface`` by forwarding to a worker process:
+``run_tick`` is written here, every other operation is made from the table in ops.py.
+It is also the worker's ``Supervised``: it watches the worker while waiting on it:
+the process must be alive, its heartbeat must advance, and while a request is
+outstanding its runtime-call counter must advance (a worker that is alive but stuck
+counts as dead). Any of these failing kills the worker and raises
 ``WorkerLost``; the engine then calls ``restart()`` and replays its requests on the
 clean worker (handles of the old worker are gone: ``epoch`` tells them apart).
 """
@@ -19,29 +20,23 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgspec
+
 from ..abi import TickOutcome, TickPlan
-from ..executor.grammar_errors import GrammarError
-from ..runtimes.base import PrimError, RuntimeDesc
-from . import wire
+from ..executor.interface import ExecutorInterface, Supervised
+from ..runtimes.base import RuntimeDesc
+from . import ops, wire
+from .errors import ErrorKind, Failed, OperationFailed, WorkerFailed, WorkerLost, exception
+from .ops import SeedHandle, WorkerControl
 from .shm_rings import Pulse, SharedRings
+
+__all__ = ["OperationFailed", "SeedHandle", "WorkerClient", "WorkerConfig", "WorkerFailed", "WorkerLost"]
 
 POLL_SECS = 0.05
 FAIL_ENV = "SUPERFLUID_FAIL_RUNTIME"  # read by the worker (main.py); first start only
-
-
-class WorkerLost(Exception):
-    """The worker died, exited, stopped beating or stopped making progress."""
-
-    def __init__(self, why: str, exit_code: int | None = None):
-        super().__init__(why)
-        self.exit_code = exit_code
-
-
-class WorkerFailed(Exception):
-    """The worker cannot be (re)started: the model does not load, or restarts ran out."""
 
 
 @dataclass(frozen=True)
@@ -61,13 +56,10 @@ class WorkerConfig:
     host_cache_bytes: int = 64 << 20  # the executor's host memory for exported cache entries
 
 
-@dataclass
-class SeedHandle:
-    handle: int
-    prefix_len: int
+class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
+    """The operations of ExecutorInterface and WorkerControl are made from ops.OPS
+    below the class; what is written here is the tick, the transport and supervision."""
 
-
-class WorkerClient:
     def __init__(self, config: WorkerConfig):
         self.config = config
         self.pulse = Pulse()
@@ -85,7 +77,7 @@ class WorkerClient:
         # order, so a call made then would take the tick's reply for its own: releases
         # wait here until the tick's reply is in, other calls are refused.
         self._in_tick = False
-        self._deferred: list[tuple[str, list]] = []
+        self._deferred: list[tuple[ops.Op, msgspec.Struct]] = []
 
     # ------------------------------------------------------------- lifecycle
     @property
@@ -110,7 +102,7 @@ class WorkerClient:
         child.close()
         self.sock = parent
         try:
-            info = self._call("describe", [], timeout=self.config.load_timeout)
+            desc = self._call(ops.BY_NAME["describe"], ops.BY_NAME["describe"].args(), timeout=self.config.load_timeout)
         except WorkerLost as e:
             if self.epoch > 0:
                 raise  # restart() retries
@@ -120,12 +112,11 @@ class WorkerClient:
             model = dict(self.config.runtime_args).get("model", "the model")
             raise WorkerFailed(f"{model}: the worker died while loading it ({e}); "
                                f"the {self.config.runtime} runtime cannot load this file") from None
-        names = {f.name for f in fields(RuntimeDesc)}
-        self.desc = RuntimeDesc(**{k: v for k, v in info["desc"].items() if k in names})
+        self.desc = desc
         if self.rings is None:
             self.rings = SharedRings(self.desc.vocab_size, self.config.token_capacity, self.config.logits_rows)
         self.rings.request_yield(False)
-        self._call("attach_rings", [list(self.rings.spec), self.config.host_cache_bytes])
+        self.attach_rings(list(self.rings.spec), self.config.host_cache_bytes)
         self.epoch += 1
         self.state = "ok"
 
@@ -182,6 +173,20 @@ class WorkerClient:
             except ProcessLookupError:
                 pass
 
+    def health(self) -> dict:
+        """A worker that has exited but is not yet replaced counts as restarting."""
+        state, proc = self.state, self.proc
+        if state == "ok" and (proc is None or proc.poll() is not None):
+            state = "restarting"  # dead, and the supervisor has not noticed yet
+        return {"state": state, "restarts": self.restart_count, "last_exit": self.last_exit}
+
+    def check(self) -> None:
+        proc = self.proc
+        if self.state == "ok" and proc is not None:
+            code = proc.poll()
+            if code is not None:
+                raise WorkerLost(f"the worker exited with status {code} while idle", code)
+
     # ------------------------------------------------------------ transport
     def _lost(self, why: str) -> WorkerLost:
         self.kill()
@@ -195,7 +200,7 @@ class WorkerClient:
         self.state = "restarting"
         return WorkerLost(why, code)
 
-    def _wait(self, on_partial: Callable[[int, int], None] | None, timeout: float | None, progress: bool) -> wire.Reply:
+    def _wait(self, on_partial: Callable[[int, int], None] | None, timeout: float | None, progress: bool) -> wire.TickReply | wire.Reply | Failed:
         cfg = self.config
         pulse = self.pulse.counts
         beat, steps = int(pulse[0]), int(pulse[1])
@@ -229,31 +234,28 @@ class WorkerClient:
             if timeout is not None and now - t0 > timeout:
                 raise self._lost(f"no answer in {timeout:.0f} s")
 
-    def _call(self, op: str, args: list, timeout: float | None = None, progress: bool = False) -> Any:
+    def _call(self, op: ops.Op, args: msgspec.Struct, timeout: float | None = None) -> Any:
         if self._in_tick:
-            raise RuntimeError(f"{op!r} called while a tick runs (from a partial-emit callback)")
+            if op.waits_for_tick:
+                self._deferred.append((op, args))
+                return None
+            raise RuntimeError(f"{op.name!r} called while a tick runs (from a partial-emit callback)")
         if self.sock is None:
             raise WorkerLost("the worker is not running")
         try:
-            wire.send(self.sock, wire.Call(op, args))
+            wire.send(self.sock, args)
         except OSError:
             raise self._lost("the worker's connection broke") from None
-        reply = self._wait(None, timeout if timeout is not None else self.config.op_timeout, progress)
-        if reply.error is not None:
-            kind = reply.error_kind
-            if kind == "GrammarError":
-                raise GrammarError(reply.error)
-            if kind == "KeyError":
-                raise KeyError(reply.error)
-            if kind == "LoadError":
+        reply = self._wait(None, timeout if timeout is not None else self.config.op_timeout, False)
+        if isinstance(reply, Failed):
+            if reply.kind is ErrorKind.LOAD:
                 self.state = "failed"
-                raise WorkerFailed(reply.error)
-            if kind in ("PrimError", "Capacity", "Fault", "Unsupported", "UnknownSeq", "OutOfBoundary", "Fatal"):
-                raise PrimError(reply.error)
-            raise ValueError(reply.error)
-        return reply.value
+            raise exception(reply)
+        if not isinstance(reply, wire.Reply):
+            raise self._lost(f"the worker answered {op.name} with {type(reply).__name__}")
+        return msgspec.convert(reply.value, op.result)
 
-    # ------------------------------------------------- the executor's interface
+    # ------------------------------------------------------------- the tick
     def run_tick(self, plan: TickPlan, on_partial_emit: Callable[[int, int], None] | None = None) -> TickOutcome:
         if self.sock is None:
             raise WorkerLost("the worker is not running")
@@ -269,66 +271,23 @@ class WorkerClient:
             raise
         finally:
             self._in_tick = False
-        if reply.outcome is None:
-            raise self._lost(f"the worker answered a tick with {reply.error!r}")
+        if not isinstance(reply, wire.TickReply):
+            raise self._lost(f"the worker answered a tick with {reply!r}")
         deferred, self._deferred = self._deferred, []
         for op, args in deferred:
             self._call(op, args)
         return reply.outcome
 
-    def _release(self, op: str, handle: int) -> None:
-        if self._in_tick:
-            self._deferred.append((op, [handle]))
-        else:
-            self._call(op, [handle])
 
-    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
-                   cache_key: int = 0) -> SeedHandle | None:
-        got = self._call("lease_seed", [list(prompt), ttl_ticks, determinism_class, cache_key])
-        return None if got is None else SeedHandle(*got)
+def _forward(op: ops.Op) -> Callable[..., Any]:
+    def forward(self: WorkerClient, *args: Any, **kwargs: Any) -> Any:
+        return self._call(op, op.args(*args, **kwargs))
 
-    def release_seed(self, handle: int) -> None:
-        self._release("release_seed", handle)
+    forward.__name__, forward.__qualname__ = op.name, f"WorkerClient.{op.name}"
+    forward.__signature__ = op.signature  # type: ignore[attr-defined]
+    forward.__doc__ = op.doc
+    return forward
 
-    def register_logit_bias(self, bias: dict[int, float]) -> int:
-        return self._call("register_logit_bias", [[[int(k), float(v)] for k, v in bias.items()]])
 
-    def release_logit_bias(self, handle: int) -> None:
-        self._release("release_logit_bias", handle)
-
-    def compile_grammar(self, kind: str, source: str | None = None) -> int:
-        return self._call("compile_grammar", [kind, source])
-
-    def release_grammar(self, handle: int) -> None:
-        self._release("release_grammar", handle)
-
-    def load_strategy(self, cfg=None) -> int:
-        from dataclasses import asdict
-
-        from ..executor import SpecConfig
-
-        return self._call("load_strategy", [asdict(cfg or SpecConfig())])
-
-    def inject_fault(self, lane_tag: int, code: int) -> None:
-        self._call("inject_fault", [lane_tag, code])
-
-    def export_entries(self, ids: list[int] | None = None) -> list[int]:
-        return self._call("export_entries", [ids])
-
-    def import_entries(self, ids: list[int] | None = None) -> list[int]:
-        return self._call("import_entries", [ids])
-
-    def export_prefix(self, tokens: list[int]) -> tuple[list[int], object] | None:
-        """(tokens, payload) of the longest cached prefix; the payload is wire-encoded
-        (``payload.encode``) and goes back to a worker's ``adopt`` as it is."""
-        got = self._call("export_prefix", [list(tokens)])
-        return None if got is None else (got[0], got[1])
-
-    def adopt(self, tokens: list[int], data: object, ttl_ticks: int = 4, determinism_class: int = 0) -> SeedHandle:
-        return SeedHandle(*self._call("adopt", [list(tokens), data, ttl_ticks, determinism_class]))
-
-    def fail_runtime(self, primitive: str, mode: str, times: int = 1, after: int = 0) -> None:
-        self._call("fail_runtime", [primitive, mode, times, after])
-
-    def stats(self) -> dict[str, Any]:
-        return self._call("stats", [])
+for _op in ops.OPS:
+    setattr(WorkerClient, _op.name, _forward(_op))

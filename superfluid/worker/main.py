@@ -1,6 +1,6 @@
 """The worker process: one executor over one runtime, serving its engine over a socket.
 
-Run as ``python -m superfluid.worker --fd N --rings JSON --runtime JSON``. It exits 0
+Run as ``python -m superfluid.worker --fd N --pulse NAME --runtime JSON``. It exits 0
 when the engine closes the socket and 70 when the runtime fails fatally (the executor
 exits then, so the supervisor starts a clean worker). A heartbeat thread and a
 counter of completed runtime calls, both in the shared rings, let the supervisor
@@ -17,14 +17,16 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict
+import traceback
 from typing import Any
 
-from ..executor import Executor, ExecutorConfig, SpecConfig
-from ..executor.grammar_errors import GrammarError
-from ..runtimes.base import Capacity, Fatal, Fault, PrimError, RuntimePrimitives
+import msgspec
+
+from ..executor import Executor, ExecutorConfig
+from ..runtimes.base import Capacity, Fatal, Fault, RuntimeDesc, RuntimePrimitives
 from ..runtimes.registry import build_runtime
-from . import payload, wire
+from . import ops, wire
+from .errors import ErrorKind, Failed, failure
 from .shm_rings import Pulse, SharedRings
 
 HEARTBEAT_SECS = 0.05
@@ -74,6 +76,9 @@ def fail_runtime(rt: RuntimePrimitives, primitive: str, mode: str, times: int = 
 
 
 class Worker:
+    """Answers the engine's frames in order: a tick, or one operation of ops.OPS,
+    dispatched to the executor (ExecutorInterface) or to this worker (WorkerControl)."""
+
     def __init__(self, sock: socket.socket, runtime: RuntimePrimitives):
         self.sock = sock
         self.rt = runtime
@@ -82,93 +87,71 @@ class Worker:
     def serve(self) -> None:
         while True:
             try:
-                msg = wire.decode_to_worker(wire.recv_frame(self.sock))
+                frame = wire.recv_frame(self.sock)
             except wire.WireClosed:
                 return
-            if isinstance(msg, wire.Tick) and self.ex is None:
-                wire.send(self.sock, wire.Reply(error="no rings attached", error_kind="ValueError"))
-                continue
-            if isinstance(msg, wire.Tick):
-                on_partial = None
-                if msg.partial:
-                    on_partial = lambda tag, tok: wire.send(self.sock, wire.Partial(tag, tok))  # noqa: E731
-                wire.send(self.sock, wire.Reply(outcome=self.ex.run_tick(msg.plan, on_partial)))
-                continue
-            try:
-                value = getattr(self, "op_" + msg.op)(*msg.args)
-                reply = wire.Reply(value=value)
-            except AttributeError as e:
-                reply = wire.Reply(error=f"unknown operation {msg.op!r}: {e}", error_kind="ValueError")
-            except GrammarError as e:
-                reply = wire.Reply(error=str(e), error_kind="GrammarError")
-            except (ValueError, KeyError, PrimError) as e:
-                reply = wire.Reply(error=str(e), error_kind=type(e).__name__)
-            wire.send(self.sock, reply)
+            wire.send(self.sock, self.answer(frame))
 
-    # ---- operations (each returns something msgpack can carry)
-    def op_describe(self) -> dict[str, Any]:
-        return {"desc": asdict(self.rt.desc), "pid": os.getpid()}
+    def answer(self, frame: bytes) -> msgspec.Struct:
+        try:
+            msg = wire.decode_to_worker(frame)
+        except msgspec.ValidationError as e:
+            return Failed(ErrorKind.VALUE, f"the worker cannot read this call: {e}")
+        if isinstance(msg, wire.Tick):
+            return self.tick(msg)
+        return self.operate(ops.BY_ARGS[type(msg)], msg)
 
-    def op_attach_rings(self, spec: list, host_cache_bytes: int = ExecutorConfig.host_cache_bytes) -> None:
+    def tick(self, msg: wire.Tick) -> msgspec.Struct:
+        if self.ex is None:
+            return Failed(ErrorKind.VALUE, "no rings attached")
+        on_partial = None
+        if msg.partial:
+            on_partial = lambda tag, tok: wire.send(self.sock, wire.Partial(tag, tok))  # noqa: E731
+        # Not caught: a tick that raises leaves the executor in no known state, so the
+        # worker dies and the supervisor replays its requests on a clean one.
+        return wire.TickReply(self.ex.run_tick(msg.plan, on_partial))
+
+    def operate(self, op: ops.Op, args: msgspec.Struct) -> msgspec.Struct:
+        target = self if op.owner is ops.WorkerControl else self.ex
+        if target is None:
+            return Failed(ErrorKind.VALUE, f"{op.name}: no rings attached")
+        try:
+            result = getattr(target, op.name)(**op.kwargs(args))
+            return wire.Reply(msgspec.convert(op.encode_result(result), op.result, from_attributes=True))
+        except Exception as e:
+            failed = failure(op.name, e)
+            if failed.kind is ErrorKind.INTERNAL:
+                traceback.print_exc(file=sys.stderr)  # a bug: keep its trace
+            return failed
+
+    # ---- WorkerControl
+    def describe(self) -> RuntimeDesc:
+        return self.rt.desc
+
+    def attach_rings(self, spec: list, host_cache_bytes: int) -> None:
         config = ExecutorConfig(fatal_exit=True, host_cache_bytes=host_cache_bytes)
         self.ex = Executor(self.rt, SharedRings.attach(tuple(spec)), config)
 
-    def op_ping(self) -> int:
-        return os.getpid()
-
-    def op_lease_seed(self, prompt: list[int], ttl: int, determinism: int, cache_key: int = 0) -> list | None:
-        lease = self.ex.lease_seed(prompt, ttl, determinism, cache_key)
-        return None if lease is None else [lease.handle, lease.prefix_len]
-
-    def op_release_seed(self, handle: int) -> None:
-        self.ex.release_seed(handle)
-
-    def op_register_logit_bias(self, pairs: list[list]) -> int:
-        return self.ex.register_logit_bias({int(i): float(v) for i, v in pairs})
-
-    def op_release_logit_bias(self, handle: int) -> None:
-        self.ex.release_logit_bias(handle)
-
-    def op_compile_grammar(self, kind: str, source: str | None) -> int:
-        return self.ex.compile_grammar(kind, source)
-
-    def op_release_grammar(self, handle: int) -> None:
-        self.ex.release_grammar(handle)
-
-    def op_load_strategy(self, cfg: dict[str, Any]) -> int:
-        return self.ex.load_strategy(SpecConfig(**cfg))
-
-    def op_inject_fault(self, lane_tag: int, code: int) -> None:
-        self.ex.inject_fault(lane_tag, code)
-
-    def op_export_entries(self, ids: list[int] | None) -> list[int]:
-        return self.ex.export_entries(ids)
-
-    def op_import_entries(self, ids: list[int] | None) -> list[int]:
-        return self.ex.import_entries(ids)
-
-    def op_export_prefix(self, tokens: list[int]) -> list | None:
-        got = self.ex.export_prefix(tokens)
-        return None if got is None else [got[0], payload.encode(got[1])]
-
-    def op_adopt(self, tokens: list[int], data: Any, ttl: int, determinism: int) -> list:
-        lease = self.ex.adopt(tokens, payload.decode(data), ttl, determinism)
-        return [lease.handle, lease.prefix_len]
-
-    def op_fail_runtime(self, primitive: str, mode: str, times: int, after: int) -> None:
+    def fail_runtime(self, primitive: str, mode: str, times: int = 1, after: int = 0) -> None:
         fail_runtime(self.rt, primitive, mode, times, after)
 
-    def op_stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
+        ex = self._executor()
         mem = self.rt.mem_counters()
         return {
-            "lanes": len(self.ex.lanes),
-            "cache_entries": len(self.ex.cache),
-            "cache_resident_bytes": self.ex.cache.resident_bytes(),
+            "lanes": len(ex.lanes),
+            "cache_entries": len(ex.cache),
+            "cache_resident_bytes": ex.cache.resident_bytes(),
             "cells_total": mem.cells_total,
             "cells_used": mem.cells_used,
-            "tick_count": self.ex.tick_count,
-            "spec_gate": {str(k): v for k, v in self.ex.spec_gate.summary().items()},
+            "tick_count": ex.tick_count,
+            "spec_gate": {str(k): v for k, v in ex.spec_gate.summary().items()},
         }
+
+    def _executor(self) -> Executor:
+        if self.ex is None:
+            raise ValueError("no rings attached")
+        return self.ex
 
 
 FAIL_ENV = "SUPERFLUID_FAIL_RUNTIME"
@@ -213,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runtime = build_runtime(spec["kind"], **spec.get("args", {}))
         except Exception as e:  # a model that cannot load: say why, then exit non-zero
-            wire.send(sock, wire.Reply(error=f"{type(e).__name__}: {e}", error_kind="LoadError"))
+            wire.send(sock, Failed(ErrorKind.LOAD, f"{type(e).__name__}: {e}"))
             return 3
         _count_progress(runtime, pulse.counts)
         _fail_from_env(runtime)

@@ -1,19 +1,24 @@
 """Messages between the engine and its worker: msgpack (msgspec), length-framed.
 
-Engine -> worker: ``Call`` (an executor operation) or ``Tick`` (a plan).
+Engine -> worker: ``Tick`` (a plan) or one operation's arguments (a struct of
+ops.OPS, tagged with the operation's name).
 Worker -> engine: ``Partial`` (a token picked inside a running tick, when asked),
-then exactly one ``Reply`` per request. No pickle anywhere on this path.
+then exactly one answer per request: ``TickReply``, ``Reply`` (an operation's result,
+read as that operation's result type) or ``Failed`` (errors.py). No pickle anywhere
+on this path.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
 from ..abi import TickOutcome, TickPlan
+from . import ops
+from .errors import Failed
 
 
 class Tick(msgspec.Struct, tag="tick"):
@@ -21,25 +26,21 @@ class Tick(msgspec.Struct, tag="tick"):
     partial: bool = False
 
 
-class Call(msgspec.Struct, tag="call"):
-    op: str
-    args: list[Any] = []
-
-
 class Partial(msgspec.Struct, tag="partial"):
     lane_tag: int
     token: int
 
 
+class TickReply(msgspec.Struct, tag="tick_reply"):
+    outcome: TickOutcome
+
+
 class Reply(msgspec.Struct, tag="reply"):
     value: Any = None
-    outcome: TickOutcome | None = None
-    error: str | None = None
-    error_kind: str | None = None  # "ValueError", "GrammarError", "KeyError", "PrimError", ...
 
 
-ToWorker = Tick | Call
-ToEngine = Partial | Reply
+ToWorker = Union[(Tick, *(op.args for op in ops.OPS))]
+ToEngine = Partial | TickReply | Reply | Failed
 
 _HEADER = struct.Struct("<I")
 _enc = msgspec.msgpack.Encoder()
@@ -72,9 +73,11 @@ def recv_frame(sock: socket.socket) -> bytes:
     return _recv_exact(sock, n)
 
 
-def decode_to_worker(frame: bytes) -> Tick | Call:
+def decode_to_worker(frame: bytes) -> Any:
+    """A ``Tick`` or an operation's arguments; msgspec.ValidationError for a frame
+    that is neither (an unknown operation, arguments of the wrong types)."""
     return _to_worker.decode(frame)
 
 
-def decode_to_engine(frame: bytes) -> Partial | Reply:
+def decode_to_engine(frame: bytes) -> Partial | TickReply | Reply | Failed:
     return _to_engine.decode(frame)
