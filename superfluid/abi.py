@@ -8,6 +8,7 @@ reference executor (superfluid-executor 0.1.4).
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Callable
 
 import msgspec
 
@@ -269,6 +270,18 @@ class LaneLogprob(msgspec.Struct, frozen=True, array_like=True):
     logprob: float
     top_ids: list[int] = []
     top_logprobs: list[float] = []
+
+
+class PartialEmit(msgspec.Struct, frozen=True, array_like=True):
+    """One token picked inside a running tick (``PARTIAL_EMITS``), with everything the
+    tick's events say of it: the scheduler takes a tick's tokens from these alone."""
+
+    lane_tag: int
+    token: int
+    logprob: LaneLogprob | None = None  # when the lane wants logprobs
+
+
+PartialEmitCallback = Callable[[PartialEmit], None]
 
 
 class PromptLogprob(msgspec.Struct, frozen=True, array_like=True):

@@ -252,9 +252,27 @@ def test_partial_emits_reach_the_callback_in_order():
     got = []
     out = ex.run_tick(
         TickPlan(1, flags=2, admits=[LaneAdmit(1, ref)], prefills=[PrefillChunk(1, 0, 10)], decodes=[LaneDecode(1, 6)]),
-        on_partial_emit=lambda tag, tok: got.append((tag, tok)),
+        on_partial_emit=lambda e: got.append((e.lane_tag, e.token)),
     )
     assert [t for _, t in got] == r.read_emits(out.events.emits[0].token_ref) and len(got) == 6
+
+
+def test_partial_emits_carry_what_the_events_say():
+    """A partial emit carries the token's logprob: the scheduler needs nothing else of
+    the events' tokens."""
+    ex = Executor(ToyRuntime())
+    r = ex.rings
+    r.begin_prompts()
+    ref = r.write_prompt(prompt_of(10))
+    got = []
+    out = ex.run_tick(
+        TickPlan(1, flags=2, admits=[LaneAdmit(1, ref, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=0.8),
+                                               rng_counter_base=3, want_logprobs=4)],
+                 prefills=[PrefillChunk(1, 0, 10)], decodes=[LaneDecode(1, 6)]),
+        on_partial_emit=got.append,
+    )
+    assert [e.token for e in got] == r.read_emits(out.events.emits[0].token_ref)
+    assert [e.logprob for e in got] == out.events.logprobs and all(e.logprob is not None for e in got)
 
 
 def test_logprobs_come_with_each_token():

@@ -36,9 +36,9 @@ def test_partial_emits_cross_the_process_boundary(client):
     got = []
     plan = d.plan()
     plan = type(plan)(**{**{f: getattr(plan, f) for f in plan.__struct_fields__}, "flags": 2})
-    out = client.run_tick(plan, on_partial_emit=lambda tag, tok: got.append(tok))
+    out = client.run_tick(plan, on_partial_emit=lambda e: got.append(e))
     assert out.status == Status.OK
-    assert got == client.rings.read_emits(out.events.emits[0].token_ref)
+    assert [e.token for e in got] == client.rings.read_emits(out.events.emits[0].token_ref)
 
 
 def test_operations_and_errors_cross(client):

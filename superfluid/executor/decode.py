@@ -206,7 +206,8 @@ def _from_row(c: TickContext, st: TickState, dc: DecodeState, tag: int, lane: La
     token = pick(lane, row)
     if lane.logprobs_top is not None:
         lp, top = hs.logprobs(row, token, min(lane.logprobs_top, MAX_TOP_LOGPROBS))
-        st.logprobs.append(LaneLogprob(tag, token, lp, [i for i, _ in top], [v for _, v in top]))
+        dc.logprob[tag] = LaneLogprob(tag, token, lp, [i for i, _ in top], [v for _, v in top])
+        st.logprobs.append(dc.logprob[tag])
     return token
 
 
@@ -238,7 +239,7 @@ def _sample_round(c: TickContext, st: TickState, dc: DecodeState) -> list[Round]
                 dc.grammar_faults.append(tag)
         dc.out[tag].append(token)
         dc.cap_left[tag] = max(dc.cap_left.get(tag, 0) - 1, 0)
-        partial(st, tag, token)
+        partial(st, tag, token, dc.logprob.pop(tag, None))
         dc.remaining[tag] -= 1
         lane.pending_input = token
         if not lane.params.flags & SamplingFlag.IGNORE_EOS and c.prim.is_eos(token):

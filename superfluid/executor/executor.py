@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
-
 import numpy as np
 
-from ..abi import CacheClassBytes, FaultCode, OpCompletion, OpKind, Status, TickOutcome, TickPlan
+from ..abi import CacheClassBytes, FaultCode, OpCompletion, OpKind, PartialEmitCallback, Status, TickOutcome, TickPlan
 from ..rings import Rings
 from ..runtimes.base import RuntimePrimitives
 from .cache import PrefixCache
@@ -46,7 +44,7 @@ class Executor:
         self.ctx = TickContext(runtime, self.rings, config, self.fatal)
 
     # ------------------------------------------------------------------ tick
-    def run_tick(self, plan: TickPlan, on_partial_emit: Callable[[int, int], None] | None = None) -> TickOutcome:
+    def run_tick(self, plan: TickPlan, on_partial_emit: PartialEmitCallback | None = None) -> TickOutcome:
         return run_tick(self.ctx, plan, on_partial_emit)
 
     def fatal(self, during: str) -> Status:

@@ -16,9 +16,9 @@ This module is a leaf: it imports only records and configurations.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from ..abi import FaultCode, TickOutcome, TickPlan
+from ..abi import FaultCode, PartialEmitCallback, TickOutcome, TickPlan
 from ..runtimes.base import RuntimeDesc
 from .speculate import SpecConfig
 
@@ -43,7 +43,7 @@ class Lease(Protocol):
 class ExecutorInterface(Protocol):
     desc: RuntimeDesc
 
-    def run_tick(self, plan: TickPlan, on_partial_emit: Callable[[int, int], None] | None = None) -> TickOutcome:
+    def run_tick(self, plan: TickPlan, on_partial_emit: PartialEmitCallback | None = None) -> TickOutcome:
         """Validate the whole plan, then carry it out (DESIGN §3)."""
 
     def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..abi import Sampling, TickFlag
+from ..abi import LaneLogprob, PartialEmit, Sampling, TickFlag
 from . import sampling as hs
 from .context import TickContext
 from .lane import Lane
@@ -36,6 +36,7 @@ class DecodeState:
     picked: dict[int, int] = field(default_factory=dict)  # tokens the runtime sampled
     spec_rows: dict[int, tuple[list[np.ndarray], list[int]]] = field(default_factory=dict)
     spec_stats: dict[int, list[int]] = field(default_factory=dict)  # [proposed, accepted]
+    logprob: dict[int, LaneLogprob] = field(default_factory=dict)  # this round's, until its partial emit
     grammar_faults: list[int] = field(default_factory=list)
     faults_oob: list[int] = field(default_factory=list)  # host rows the logits ring had no room for
 
@@ -71,9 +72,10 @@ def pick(lane: Lane, row: np.ndarray) -> int:
     return hs.sample(row, lane.params, hs.uniform(lane.rng_base + lane.rng_counter))
 
 
-def partial(st: TickState, tag: int, token: int) -> None:
+def partial(st: TickState, tag: int, token: int, logprob: LaneLogprob | None = None) -> None:
+    """The token goes out at once, with its logprob, when the plan asked for partial emits."""
     if st.plan.flags & TickFlag.PARTIAL_EMITS and st.on_partial_emit is not None:
-        st.on_partial_emit(tag, token)
+        st.on_partial_emit(PartialEmit(tag, token, logprob))
 
 
 def finish(lane: Lane, dc: DecodeState, tag: int, code: int) -> None:

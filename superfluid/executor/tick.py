@@ -8,9 +8,7 @@ passes; decode rounds; the spec gate's record; emits; events.
 from __future__ import annotations
 
 import time
-from typing import Callable
-
-from ..abi import Status, TickEvents, TickMemCounters, TickOutcome, TickPlan, TickStatus, TickTimings, ShedReport
+from ..abi import PartialEmitCallback, Status, TickEvents, TickMemCounters, TickOutcome, TickPlan, TickStatus, TickTimings, ShedReport
 from ..runtimes.base import Fatal
 from .admit import admit, take_over
 from .capacity import Fit, check_capacity
@@ -23,7 +21,7 @@ from .tick_state import TickState
 from .validate import Reject, validate
 
 
-def run_tick(c: TickContext, plan: TickPlan, on_partial_emit: Callable[[int, int], None] | None) -> TickOutcome:
+def run_tick(c: TickContext, plan: TickPlan, on_partial_emit: PartialEmitCallback | None) -> TickOutcome:
     t_start = time.perf_counter_ns()
     try:
         chk = validate(c, plan)

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
 import numpy as np
 
-from ..abi import AdmitResult, LaneEmit, LaneFault, LaneLogprob, PromptLogprob, ShedEntry, ShedKind, TickPlan
+from ..abi import (
+    AdmitResult,
+    LaneEmit,
+    LaneFault,
+    LaneLogprob,
+    PartialEmitCallback,
+    PromptLogprob,
+    ShedEntry,
+    ShedKind,
+    TickPlan,
+)
 from .validate import Checked
 
 
@@ -15,7 +23,7 @@ from .validate import Checked
 class TickState:
     plan: TickPlan
     chk: Checked
-    on_partial_emit: Callable[[int, int], None] | None
+    on_partial_emit: PartialEmitCallback | None
     admit_results: list[AdmitResult] = field(default_factory=list)
     faults: list[LaneFault] = field(default_factory=list)
     faulted: set[int] = field(default_factory=set)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import msgspec
 
-from ..abi import TickOutcome, TickPlan
+from ..abi import PartialEmitCallback, TickOutcome, TickPlan
 from ..executor.interface import ExecutorInterface, Supervised
 from ..runtimes.base import RuntimeDesc
 from . import ops, wire
@@ -200,7 +200,7 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
         self.state = "restarting"
         return WorkerLost(why, code)
 
-    def _wait(self, on_partial: Callable[[int, int], None] | None, timeout: float | None, progress: bool) -> wire.TickReply | wire.Reply | Failed:
+    def _wait(self, on_partial: PartialEmitCallback | None, timeout: float | None, progress: bool) -> wire.TickReply | wire.Reply | Failed:
         cfg = self.config
         pulse = self.pulse.counts
         beat, steps = int(pulse[0]), int(pulse[1])
@@ -216,7 +216,7 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
                     raise self._lost("the worker closed its connection") from None
                 if isinstance(msg, wire.Partial):
                     if on_partial is not None:
-                        on_partial(msg.lane_tag, msg.token)
+                        on_partial(msg.emit)
                     continue
                 return msg
             now = time.monotonic()
@@ -256,7 +256,7 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
         return msgspec.convert(reply.value, op.result)
 
     # ------------------------------------------------------------- the tick
-    def run_tick(self, plan: TickPlan, on_partial_emit: Callable[[int, int], None] | None = None) -> TickOutcome:
+    def run_tick(self, plan: TickPlan, on_partial_emit: PartialEmitCallback | None = None) -> TickOutcome:
         if self.sock is None:
             raise WorkerLost("the worker is not running")
         try:

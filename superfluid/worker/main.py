@@ -106,7 +106,7 @@ class Worker:
             return Failed(ErrorKind.VALUE, "no rings attached")
         on_partial = None
         if msg.partial:
-            on_partial = lambda tag, tok: wire.send(self.sock, wire.Partial(tag, tok))  # noqa: E731
+            on_partial = lambda emit: wire.send(self.sock, wire.Partial(emit))  # noqa: E731
         # Not caught: a tick that raises leaves the executor in no known state, so the
         # worker dies and the supervisor replays its requests on a clean one.
         return wire.TickReply(self.ex.run_tick(msg.plan, on_partial))

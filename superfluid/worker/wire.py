@@ -16,7 +16,7 @@ from typing import Any, Union
 
 import msgspec
 
-from ..abi import TickOutcome, TickPlan
+from ..abi import PartialEmit, TickOutcome, TickPlan
 from . import ops
 from .errors import Failed
 
@@ -27,8 +27,7 @@ class Tick(msgspec.Struct, tag="tick"):
 
 
 class Partial(msgspec.Struct, tag="partial"):
-    lane_tag: int
-    token: int
+    emit: PartialEmit
 
 
 class TickReply(msgspec.Struct, tag="tick_reply"):
