@@ -1,13 +1,20 @@
-"""The chat endpoint's own work: messages and tools -> prompt, choices -> messages,
-and the streamed chat response (content deltas or tool-call deltas)."""
+"""``POST /v1/chat/completions``: messages and tools -> prompt; choices -> messages,
+whole or streamed (content deltas or tool-call deltas)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator
+
+from fastapi import FastAPI, Request
+
+from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
 from . import render
 from .errors import APIError
 from .messages import template_messages, total_chars
-from .protocol import ChatCompletionRequest
+from .protocol import ChatCompletionRequest, chat_params
+from .serving import Serving, translated
 from .tool_parser import ToolCallStream, whole
 from .tools import ToolPlan, plan_tools, render_chat
 
@@ -49,53 +56,78 @@ def message(c: render.Choice, plan: ToolPlan | None) -> tuple[dict, str | None]:
     return msg, reason
 
 
-async def stream(streams, n, rid, created, name, tokenizer, k, include_usage, params, merged, plan: ToolPlan | None):
-    usage = render.Usage()
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name}
-    parsers: dict[int, ToolCallStream] = {}
+@dataclass
+class ChatShape:
+    """A chat response: choices carry a message, streamed as deltas after a role delta
+    each; with a tool plan that parses, text becomes tool-call deltas."""
 
-    def chunk(idx: int, delta: dict, finish=None, logprobs=None) -> str:
-        c = dict(base, choices=[{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish}])
-        if include_usage:
-            c["usage"] = None
-        return render.sse(c)
+    object: ClassVar[str] = "chat.completion"
+    chunk_object: ClassVar[str] = "chat.completion.chunk"
 
-    def parser(idx: int) -> ToolCallStream | None:
-        if plan is None or not plan.parses:
-            return None
-        if idx not in parsers:
-            parsers[idx] = ToolCallStream(plan.names, plan.constrained)
-        return parsers[idx]
+    tokenizer: Any
+    logprobs: int | None  # top logprobs per token; None: no logprobs shown
+    plan: ToolPlan | None
+    parsers: dict[int, ToolCallStream] = field(default_factory=dict)  # choice -> its calls so far
 
-    for idx in range(n * len(streams)):
-        yield chunk(idx, {"role": "assistant", "content": ""})
-    async for idx, d in merged(streams, n):
-        if d.finish_reason == "error":
-            yield render.error_event(d)
-            continue
-        p = parser(idx)
+    def opening(self, n_choices: int) -> Iterator[dict]:
+        for idx in range(n_choices):
+            yield _entry(idx, {"role": "assistant", "content": ""})
+
+    def visible(self, d: Delta) -> Delta:
+        return d
+
+    def entries(self, idx: int, d: Delta) -> Iterator[dict]:
+        p = self._parser(idx)
         if d.text or d.token_ids:
             lp = None
-            if params.logprobs is not None and d.token_ids:
-                lp = render.chat_logprobs(tokenizer, d.token_ids, d.logprobs, k)
+            if self.logprobs is not None and d.token_ids:
+                lp = render.chat_logprobs(self.tokenizer, d.token_ids, d.logprobs, self.logprobs)
             if p is not None:
                 deltas = p.push(d.text)
                 for i, delta in enumerate(deltas):
-                    yield chunk(idx, delta, logprobs=lp if i == 0 else None)
+                    yield _entry(idx, delta, logprobs=lp if i == 0 else None)
                 if lp and not deltas:
-                    yield chunk(idx, {}, logprobs=lp)
+                    yield _entry(idx, {}, logprobs=lp)
             elif d.text or lp:
-                yield chunk(idx, {"content": d.text}, logprobs=lp)
+                yield _entry(idx, {"content": d.text}, logprobs=lp)
         if d.finish_reason is not None:
-            usage.add_final(d)
             reason = render.finish_reason(d.finish_reason)
             if p is not None:
                 for delta in p.finish():
-                    yield chunk(idx, delta)
+                    yield _entry(idx, delta)
                 if p.complete_calls and reason == "stop":
                     reason = "tool_calls"
-            yield chunk(idx, {}, finish=reason)
-    if include_usage:
-        yield render.sse(dict(base, choices=[], usage=usage.body()))
-    yield render.sse("[DONE]")
+            yield _entry(idx, {}, finish=reason)
 
+    def _parser(self, idx: int) -> ToolCallStream | None:
+        if self.plan is None or not self.plan.parses:
+            return None
+        if idx not in self.parsers:
+            self.parsers[idx] = ToolCallStream(self.plan.names, self.plan.constrained)
+        return self.parsers[idx]
+
+    def shown(self, choices: list[render.Choice], usage: render.Usage) -> list[render.Choice]:
+        return choices
+
+    def body(self, c: render.Choice) -> dict:
+        msg, reason = message(c, self.plan)
+        lp = None
+        if self.logprobs is not None:
+            lp = render.chat_logprobs(self.tokenizer, c.token_ids, c.logprobs, self.logprobs)
+        return {"index": c.index, "message": msg, "logprobs": lp, "finish_reason": reason}
+
+
+def _entry(idx: int, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> dict:
+    return {"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+
+def install(app: FastAPI, serving: Serving) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request):
+        serving.check_model(body.model)
+        params = translated(chat_params, body)
+        text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars)
+        ids = serving.tokenizer.encode(text, add_special_tokens=False)
+        serving.validate(ids, params)
+        shape = ChatShape(serving.tokenizer, params.logprobs, plan)
+        return await serving.answer(request, body, "chatcmpl", [ids], params, shape)

@@ -1,0 +1,187 @@
+"""One response from its choices' streams, whole or streamed (SSE), for every endpoint.
+
+The choices' deltas are merged (choice index = prompt * n + choice) and bounded by the
+request's deadline. A whole response gathers them, watching for a client that leaves,
+and turns a failed choice into the response's error status; a stream sends each delta
+as chunks, a failed choice as an error event (the stream goes on), then the usage when
+asked and ``[DONE]``. What differs between endpoints is a ``Shape``: the objects' names,
+what is streamed before the first token, a delta's chunks, a whole choice's body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterable, Protocol
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from ..engine.async_engine import RequestStream
+from ..engine.outputs import Delta
+from ..engine.scheduler import GRAMMAR_DEAD_END
+from .deadline import DEADLINE_CODE, message, with_deadline
+from .errors import APIError
+from .render import Choice, Usage, error_event, sse
+
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One response: its identity and its prompts' streams, n choices each."""
+
+    rid: str
+    created: int
+    model: str
+    streams: list[RequestStream]
+    n: int
+    seconds: float | None  # the deadline; None: none
+
+    @property
+    def n_choices(self) -> int:
+        return len(self.streams) * self.n
+
+    def head(self, obj: str) -> dict:
+        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model}
+
+
+class Shape(Protocol):
+    """One endpoint's response. An instance serves one response: a stream's per-choice
+    state (text offsets, tool-call parsers) lives in it."""
+
+    object: str  # the whole response's "object"
+    chunk_object: str  # a streamed chunk's "object"
+
+    def opening(self, n_choices: int) -> Iterable[dict]:
+        """The choice entries streamed before any delta."""
+        ...
+
+    def visible(self, d: Delta) -> Delta:
+        """What of a streamed (not failed) delta the client sees and is billed for."""
+        ...
+
+    def entries(self, idx: int, d: Delta) -> Iterable[dict]:
+        """A streamed delta's choice entries, one chunk each."""
+        ...
+
+    def shown(self, choices: list[Choice], usage: Usage) -> list[Choice]:
+        """A whole response's choices as the client sees them (the usage may be rewritten)."""
+        ...
+
+    def body(self, c: Choice) -> dict:
+        """A whole choice's body."""
+        ...
+
+
+async def merged(streams: list[RequestStream], n: int) -> AsyncIterator[tuple[int, Delta]]:
+    """Deltas of several prompts' streams, as (choice index, delta)."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield d.index, d
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: RequestStream) -> None:
+        try:
+            async for d in s:
+                await queue.put((i * n + d.index, d))
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            item = await queue.get()
+            if item is None:
+                live -= 1
+                continue
+            yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            s.abort()
+
+
+# ------------------------------------------------------------------ whole
+
+
+async def whole(request: Request, reply: Reply, shape: Shape) -> dict:
+    choices, usage = await collect(request, reply)
+    choices = shape.shown(choices, usage)
+    return dict(reply.head(shape.object), choices=[shape.body(c) for c in choices], usage=usage.body())
+
+
+async def collect(request: Request, reply: Reply) -> tuple[list[Choice], Usage]:
+    """Every choice's deltas gathered; APIError for a client that left or a failed choice."""
+    choices = [Choice(i) for i in range(reply.n_choices)]
+    usage = Usage()
+
+    async def run() -> None:
+        async for idx, d in with_deadline(merged, reply.seconds)(reply.streams, reply.n):
+            choices[idx].add(d)
+            if d.finish_reason is not None:
+                usage.add_final(d)
+
+    task = asyncio.create_task(run())
+    while not task.done():
+        await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            for s in reply.streams:
+                s.abort()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise APIError(499, "the client disconnected", None, "client_disconnected")
+    task.result()
+    for c in choices:
+        _raise_failed(c, reply.seconds)
+    return choices, usage
+
+
+def _raise_failed(c: Choice, seconds: float | None) -> None:
+    if c.finish_reason != "error":
+        return
+    if seconds is not None and c.error == message(seconds):
+        raise APIError(503, c.error, "timeout", DEADLINE_CODE)
+    if c.error == GRAMMAR_DEAD_END:
+        raise APIError(400, c.error, "response_format", "grammar_dead_end")
+    raise APIError(500, c.error or "the request failed", None, "internal_error")
+
+
+# ------------------------------------------------------------------ streamed
+
+
+def streamed(reply: Reply, shape: Shape, include_usage: bool) -> StreamingResponse:
+    return StreamingResponse(events(reply, shape, include_usage), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+async def events(reply: Reply, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+    """The SSE events of one response; closing it (a client that left) aborts the streams."""
+    usage = Usage()
+    head = reply.head(shape.chunk_object)
+
+    def chunk(entry: dict) -> str:
+        c = dict(head, choices=[entry])
+        if include_usage:  # every chunk names usage (null) when the last one carries it
+            c["usage"] = None
+        return sse(c)
+
+    for entry in shape.opening(reply.n_choices):
+        yield chunk(entry)
+    async for idx, d in with_deadline(merged, reply.seconds)(reply.streams, reply.n):
+        if d.finish_reason == "error":
+            yield error_event(d)
+            continue
+        d = shape.visible(d)
+        for entry in shape.entries(idx, d):
+            yield chunk(entry)
+        if d.finish_reason is not None:
+            usage.add_final(d)
+    if include_usage:
+        yield sse(dict(head, choices=[], usage=usage.body()))
+    yield sse("[DONE]")

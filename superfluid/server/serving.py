@@ -1,0 +1,100 @@
+"""What every generating endpoint shares: the engine, the served name, the limits, and
+the steps around a response — check, validate, submit every prompt, answer.
+
+Every check and every submission happens before a byte of the response goes out, so a
+bad request, a full queue or an invalid grammar is an error status, never a broken stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from fastapi import Request
+
+from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream
+from ..engine.params import ParamError, SamplingParams
+from .deadline import deadline_s
+from .errors import APIError
+from .metrics import Metrics
+from .responder import Reply, Shape, streamed, whole
+
+
+@contextlib.contextmanager
+def invalid_params() -> Iterator[None]:
+    """A ParamError inside becomes the 400 that names its parameter."""
+    try:
+        yield
+    except ParamError as e:
+        raise APIError(400, str(e), e.param, "invalid_value") from None
+
+
+def translated(translate: Callable, body) -> SamplingParams:
+    with invalid_params():
+        return translate(body)
+
+
+@dataclass(frozen=True)
+class Serving:
+    engine: AsyncEngine
+    name: str  # the served model name
+    metrics: Metrics
+    max_chars: int  # a prompt's character cap, checked before any tokenizer work
+    request_timeout: float  # the server's deadline cap; 0: none
+
+    @property
+    def core(self):
+        return self.engine.engine
+
+    @property
+    def tokenizer(self):
+        return self.core.tokenizer
+
+    def check_model(self, requested: str) -> None:
+        if requested != self.name:
+            raise APIError(404, f"The model `{requested}` does not exist.", "model", "model_not_found")
+
+    def check_chars(self, n: int, param: str) -> None:
+        # before any tokenizer work: a 100 MB prompt costs a length check, not seconds
+        if n > self.max_chars:
+            raise APIError(400, f"the {param} has {n} characters; at most {self.max_chars} are accepted", param,
+                           "context_length_exceeded")
+
+    def validate(self, ids: list[int], params: SamplingParams) -> None:
+        with invalid_params():
+            self.core.validate(ids, params)
+
+    async def submit(self, rid: str, prompts: list[list[int]], params: SamplingParams,
+                     cache_key: str | None = None) -> list[RequestStream]:
+        """Every prompt's stream, or none: a failed submission aborts those already made."""
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                streams.append(await self.engine.submit(f"{rid}-{i}", ids, params, cache_key=cache_key))
+        except BaseException as e:
+            for s in streams:
+                s.abort()
+            if isinstance(e, ParamError):
+                raise APIError(400, str(e), e.param, "invalid_value") from None
+            if isinstance(e, QueueFull):
+                self.metrics.rejected.labels("queue_full").inc()
+                raise APIError(429, f"The server is busy: {e}", None, "queue_full") from None
+            if isinstance(e, EngineDead):
+                raise APIError(503, str(e), None, "engine_dead") from None
+            raise
+        return streams
+
+    async def answer(self, request: Request, body, prefix: str, prompts: list[list[int]], params: SamplingParams,
+                     shape: Shape):
+        """Submit the prompts, then stream the response or answer it whole, as the body asks."""
+        rid = f"{prefix}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        streams = await self.submit(rid, prompts, params, body.prompt_cache_key)
+        reply = Reply(rid, created, self.name, streams, params.n, deadline_s(body.timeout, self.request_timeout))
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return streamed(reply, shape, include_usage)
+        return await whole(request, reply, shape)

@@ -1,0 +1,51 @@
+"""``GET /health``, ``GET /v1/models`` and ``GET /metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .metrics import Metrics
+from .serving import Serving
+
+
+def install(app: FastAPI, serving: Serving) -> None:
+    engine, core, name = serving.engine, serving.core, serving.name
+
+    @app.get("/health")
+    async def health():
+        # ok; degraded: the model's worker is being replaced (requests wait, then are
+        # replayed); error: the engine stopped, or the worker cannot be restarted.
+        worker = core.worker_health()
+        status = "ok" if engine.alive else "error"
+        if status == "ok" and worker is not None and worker["state"] != "ok":
+            status = "error" if worker["state"] in ("failed", "stopped") else "degraded"
+        # runtime: which numerics serve (e.g. torch:<file>:float32:det:q4_1, the fast default)
+        body = {"status": status, "pid": engine.pid, "model": name, "runtime": core.desc.runtime_id}
+        if worker is not None:
+            body.update(worker=worker["state"], restarts=worker["restarts"], last_exit=worker["last_exit"])
+            if "replicas" in worker:  # --replicas: every replica's own state
+                body["replicas"] = worker["replicas"]
+        return JSONResponse(body, status_code=503 if status == "error" else 200)
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "superfluid",
+                    "max_model_len": core.max_seq_len,
+                }
+            ],
+        }
+
+
+def install_metrics(app: FastAPI, metrics: Metrics) -> None:
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
