@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from ..torch.tiny import _write_tokenizer, tiny_vocab
+from ..torch.tiny import write_tokenizer, tiny_vocab
 
 
 def _randomise(model, seed: int) -> None:
@@ -81,7 +81,7 @@ def write_tiny_mamba(out: str | Path, *, n_layers: int = 2, hidden: int = 64, d_
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
     w.add_layer_norm_rms_eps(1e-5)
-    _write_tokenizer(w, "gpt2")
+    write_tokenizer(w, "gpt2")
     w.add_vocab_size(vocab)
     w.add_tensor("token_embd.weight", sd["backbone.embeddings.weight"])
     for i in range(n_layers):
@@ -142,7 +142,7 @@ def write_tiny_mamba2(out: str | Path, *, n_layers: int = 2, hidden: int = 64, d
     w.add_ssm_time_step_rank(n_heads)
     w.add_ssm_group_count(n_groups)
     w.add_layer_norm_rms_eps(1e-5)
-    _write_tokenizer(w, "gpt2")
+    write_tokenizer(w, "gpt2")
     w.add_vocab_size(vocab)
     w.add_tensor("token_embd.weight", sd["backbone.embeddings.weight"])
     for i in range(n_layers):
@@ -207,7 +207,7 @@ def write_tiny_jamba(out: str | Path, *, hidden: int = 64, n_heads: int = 4, n_k
     w.add_ssm_state_size(d_state)
     w.add_ssm_time_step_rank(dt_rank)
     w.add_layer_norm_rms_eps(1e-5)
-    _write_tokenizer(w, "gpt2")
+    write_tokenizer(w, "gpt2")
     w.add_vocab_size(vocab)
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
     for i in range(2):
