@@ -64,6 +64,64 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]
     return [(a, b) for *_, a, b in merges]
 
 
+def _gguf_fields(path: Path, reader):
+    """``get(key, default)``: the contents of GGUF field ``tokenizer.<key>``, or ``default``
+    when absent; a field that is present but unreadable is a ModelLoadError."""
+    def get(key, default=None):
+        f = reader.fields.get(f"tokenizer.{key}")
+        if f is None:
+            return default
+        try:
+            return f.contents()
+        except Exception as e:  # a corrupt string (bad UTF-8), a short array
+            raise ModelLoadError(f"{path}: unreadable metadata field 'tokenizer.{key}' ({e})") from e
+
+    return get
+
+
+def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> HFTokenizer:
+    """GPT-2 style BPE over the printable byte alphabet, after the splits of ``PRE_SPLITS[pre]``."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
+                                     fuse_unk=False, byte_fallback=False))
+    splits = PRE_SPLITS.get(pre, [_GPT2])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _sentencepiece_bpe(tokens: list[str], pairs: list[tuple[str, str]], *, unk: int, space_prefix: bool) -> HFTokenizer:
+    """A sentencepiece vocabulary as BPE with byte fallback: spaces become "▁"."""
+    backend = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
+                                     unk_token=tokens[unk], fuse_unk=True, byte_fallback=True))
+    # The "▁" dummy prefix goes before every text fragment (added tokens split the text
+    # first): at the start, after each special token, and even before a leading space
+    # (" Hi" -> "▁▁Hi"), as llama.cpp and sentencepiece do. transformers' gguf loader
+    # (Metaspace, prepend_scheme="first") differs there; tests/test_gguf_types.py.
+    steps = [normalizers.Replace(" ", "▁")]
+    if space_prefix:
+        steps.insert(0, normalizers.Prepend("▁"))
+    backend.normalizer = normalizers.Sequence(steps)
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                        + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
+    return backend
+
+
+def _add_gguf_specials(backend: HFTokenizer, tokens: list[str], types: list[int], byte_level: bool) -> list[int]:
+    """Register control / unknown tokens as special and user-defined ones as added; returns the special ids."""
+    alphabet = set(_byte_decoder()) if byte_level else None
+    # control and unknown tokens are special, as in llama.cpp: matched whole in text, dropped when decoding
+    specials = [i for i, ty in enumerate(types)
+                if ty in (CONTROL, UNKNOWN) and (alphabet is None or set(tokens[i]) <= alphabet)]
+    backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in specials])
+    user = [AddedToken(tokens[i], special=False, normalized=False) for i, ty in enumerate(types) if ty == USER_DEFINED]
+    if user:
+        backend.add_tokens(user)
+    return specials
+
+
 class Tokenizer:
     def __init__(self, backend: HFTokenizer, *, eos_ids: list[int], bos_id: int | None, special_ids: set[int],
                  chat_template: str | None, byte_level: bool, add_bos: bool = False,
@@ -101,15 +159,7 @@ class Tokenizer:
 
     @classmethod
     def _build_from_gguf(cls, path: Path, reader) -> "Tokenizer":
-        def get(key, default=None):
-            f = reader.fields.get(f"tokenizer.{key}")
-            if f is None:
-                return default
-            try:
-                return f.contents()
-            except Exception as e:  # a corrupt string (bad UTF-8), a short array
-                raise ModelLoadError(f"{path}: unreadable metadata field 'tokenizer.{key}' ({e})") from e
-
+        get = _gguf_fields(path, reader)
         kind, tokens = get("ggml.model"), get("ggml.tokens")
         if tokens is None:
             raise ModelLoadError(f"{path}: missing metadata field 'tokenizer.ggml.tokens'")
@@ -118,43 +168,16 @@ class Tokenizer:
         if kind == "gpt2":
             if merges is None:
                 raise ModelLoadError(f"{path}: missing metadata field 'tokenizer.ggml.merges'")
-            vocab = {t: i for i, t in enumerate(tokens)}
-            backend = HFTokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges],
-                                             fuse_unk=False, byte_fallback=False))
-            pre = get("ggml.pre", "default")
-            splits = PRE_SPLITS.get(pre, [_GPT2])
-            backend.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
-                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-            backend.decoder = decoders.ByteLevel()
-            byte_level = True
+            backend = _byte_level_bpe(tokens, merges, get("ggml.pre", "default"))
         elif kind == "llama":
             scores = get("ggml.scores") or [0.0] * len(tokens)
             pairs = [tuple(m.split(" ", 1)) for m in merges] if merges else _spm_merges(tokens, scores)
-            unk = get("ggml.unknown_token_id", 0)
-            backend = HFTokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=pairs,
-                                             unk_token=tokens[unk], fuse_unk=True, byte_fallback=True))
-            # The "▁" dummy prefix goes before every text fragment (added tokens split the text
-            # first): at the start, after each special token, and even before a leading space
-            # (" Hi" -> "▁▁Hi"), as llama.cpp and sentencepiece do. transformers' gguf loader
-            # (Metaspace, prepend_scheme="first") differs there; tests/test_gguf_types.py.
-            steps = [normalizers.Replace(" ", "▁")]
-            if get("ggml.add_space_prefix", True):
-                steps.insert(0, normalizers.Prepend("▁"))
-            backend.normalizer = normalizers.Sequence(steps)
-            backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-                                                + ([decoders.Strip(" ", 1, 0)] if get("ggml.add_space_prefix", True) else []))
-            byte_level = False
+            backend = _sentencepiece_bpe(tokens, pairs, unk=get("ggml.unknown_token_id", 0),
+                                         space_prefix=get("ggml.add_space_prefix", True))
         else:
             raise ModelLoadError(f"{path}: unsupported tokenizer model {kind!r} (field tokenizer.ggml.model)")
-        alphabet = set(_byte_decoder()) if byte_level else None
-        # control and unknown tokens are special, as in llama.cpp: matched whole in text, dropped when decoding
-        specials = [i for i, ty in enumerate(types)
-                    if ty in (CONTROL, UNKNOWN) and (alphabet is None or set(tokens[i]) <= alphabet)]
-        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in specials])
-        user = [AddedToken(tokens[i], special=False, normalized=False) for i, ty in enumerate(types) if ty == USER_DEFINED]
-        if user:
-            backend.add_tokens(user)
+        byte_level = kind == "gpt2"
+        specials = _add_gguf_specials(backend, tokens, types, byte_level)
         eos = [get(k) for k in ("ggml.eos_token_id", "ggml.eot_token_id", "ggml.eom_token_id")]
         eos = list(dict.fromkeys(int(e) for e in eos if e is not None))
         bos = get("ggml.bos_token_id")

@@ -19,9 +19,9 @@ def test_offline_toy_runtime_superfluid_only():
 
 def test_offline_against_transformers_on_a_tiny_gguf(tmp_path):
     pytest.importorskip("gguf")
-    from superfluid.runtimes.torch.tiny import write_tiny_gguf
+    from superfluid.runtimes.torch.tiny import TinyModel
 
-    model = write_tiny_gguf(tmp_path / "tiny.gguf")
+    model = TinyModel().write_gguf(tmp_path / "tiny.gguf")
     out = tmp_path / "offline.json"
     rc = cli.main(["offline", "--model", str(model), "--num-prompts", "3", "--output-len", "6",
                    "--max-prompt-tokens", "48", "--hf-batch-size", "2", "--out", str(out)])

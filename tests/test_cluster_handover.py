@@ -35,9 +35,9 @@ def _run(engine, rid, prompt, params, choices=None, until=None) -> dict[int, lis
 def engines(request, tmp_path_factory):
     if request.param == "torch-worker":
         # a tiny random Llama: the payload holds K/V tensors, which cross the worker wire encoded
-        from superfluid.runtimes.torch.tiny import write_tiny_gguf
+        from superfluid.runtimes.torch.tiny import TinyModel
 
-        path = write_tiny_gguf(tmp_path_factory.mktemp("handover") / "tiny.gguf")
+        path = TinyModel().write_gguf(tmp_path_factory.mktemp("handover") / "tiny.gguf")
         config = EngineConfig(runtime="torch", model=str(path), worker=True)
     else:
         config = EngineConfig(runtime="toy", model="toy", worker=request.param == "toy-worker")

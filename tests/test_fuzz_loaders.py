@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from superfluid.models import ModelLoadError
 from superfluid.runtimes.torch import TorchRuntime
-from superfluid.runtimes.torch.tiny import write_hf_folder, write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel, write_hf_folder
 
 LOAD_S = 20
 
@@ -60,7 +60,7 @@ class Blob(bytes):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> bytes:
-    p = write_tiny_gguf(tmp_path_factory.mktemp("fuzz") / "t.gguf", n_layers=1, hidden=64, ffn=128)
+    p = TinyModel(n_layers=1, hidden=64, ffn=128).write_gguf(tmp_path_factory.mktemp("fuzz") / "t.gguf")
     return Blob(p.read_bytes())
 
 
@@ -68,7 +68,7 @@ def test_a_huge_context_length_allocates_no_huge_rope_table(tmp_path):
     """Found by the fuzzer: an absurd value over llama.context_length made the runtime build
     RoPE tables for every position the file claims (gigabytes). They now stop at the
     positions the runtime serves."""
-    path = write_tiny_gguf(tmp_path / "long.gguf", n_layers=1, hidden=64, ffn=128, context=(1 << 32) - 1)
+    path = TinyModel(n_layers=1, hidden=64, ffn=128, context=(1 << 32) - 1).write_gguf(tmp_path / "long.gguf")
     rt = TorchRuntime(path, quant="none", dtype="float32", kv_cache_mb=1)
     assert rt.model.cos.shape[0] == rt.desc.max_seq_len <= 8192
 

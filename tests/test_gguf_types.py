@@ -29,7 +29,7 @@ from superfluid.models import ModelLoadError
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.gguf_weights import gguf_name, load_gguf, open_gguf
-from superfluid.runtimes.torch.tiny import quantize_tensor, tiny_spm_vocab, write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel, quantize_tensor, tiny_spm_vocab
 from superfluid.tokenizer import Tokenizer
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]
@@ -48,8 +48,8 @@ LLAMA_CPP_MODELS = Path(os.environ.get("LLAMA_CPP_MODELS", Path(__file__).parent
 def tiny_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("types")
     for i, (name, (qtype, qtypes)) in enumerate(FILES.items()):
-        write_tiny_gguf(d / name, qtype=qtype, qtypes=qtypes, seed=10 + i, **GEOMETRY)
-    write_tiny_gguf(d / "spm.gguf", tokenizer="llama", seed=3)
+        TinyModel(qtype=qtype, qtypes=qtypes, seed=10 + i, **GEOMETRY).write_gguf(d / name)
+    TinyModel(tokenizer="llama", seed=3).write_gguf(d / "spm.gguf")
     return d
 
 
@@ -113,7 +113,7 @@ def test_parity_with_transformers(tiny_dir, name):
 
 
 def test_unsupported_types_are_refused(tmp_path):
-    write_tiny_gguf(tmp_path / "iq2.gguf", raw_types={"blk.1.ffn_up.weight": Q.IQ2_XXS}, **GEOMETRY)
+    TinyModel(raw_types={"blk.1.ffn_up.weight": Q.IQ2_XXS}, **GEOMETRY).write_gguf(tmp_path / "iq2.gguf")
     with pytest.raises(ModelLoadError, match=r"iq2\.gguf.*'blk\.1\.ffn_up\.weight'.*unsupported type IQ2_XXS"):
         TorchRuntime(tmp_path / "iq2.gguf", dtype="float32", quant="none")
     # a type id no ggml version has: patch the type field of one tensor's info record

@@ -25,7 +25,7 @@ import test_executor_properties as P  # noqa: E402
 from superfluid.runtimes.base import Feed  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
 from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba  # noqa: E402
-from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
+from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
 
 ROW_ATOL = 2e-3
 
@@ -109,7 +109,7 @@ _REFS: dict[str, LlamaCppRuntime] = {}
 def _file(kind: str, tmp):
     if kind not in _FILES:
         if kind == "llama":
-            _FILES[kind] = write_tiny_gguf(tmp / "llama.gguf", tied=False, seed=4)
+            _FILES[kind] = TinyModel(tied=False, seed=4).write_gguf(tmp / "llama.gguf")
         elif kind == "jamba":
             _FILES[kind] = write_tiny_jamba(tmp / "jamba", seed=3)[0]
         else:

@@ -16,7 +16,7 @@ from superfluid.models import ModelLoadError  # noqa: E402
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, UnknownSeq, Unsupported  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
 from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
-from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
+from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]  # 20 tokens
 ATOL = 2e-3  # llama.cpp's kernels against transformers' fp32 (f32 K/V)
@@ -25,7 +25,7 @@ ATOL = 2e-3  # llama.cpp's kernels against transformers' fp32 (f32 K/V)
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("llamacpp")
-    llama = write_tiny_gguf(d / "llama.gguf", tied=False, seed=4)
+    llama = TinyModel(tied=False, seed=4).write_gguf(d / "llama.gguf")
     mamba, mamba_hf = write_tiny_mamba(d / "mamba", seed=1)
     mamba2, mamba2_hf = write_tiny_mamba2(d / "mamba2", seed=2)
     jamba, jamba_hf = write_tiny_jamba(d / "jamba", seed=3)
@@ -329,13 +329,13 @@ def test_truncated_file_names_the_file(files, tmp_path):
 
 
 def test_vocabulary_mismatch_names_the_file(tmp_path):
-    path = write_tiny_gguf(tmp_path / "vocab.gguf", shapes={"token_embd.weight": (200, 64)}, tied=False)
+    path = TinyModel(shapes={"token_embd.weight": (200, 64)}, tied=False).write_gguf(tmp_path / "vocab.gguf")
     with pytest.raises(ModelLoadError, match=r"vocab\.gguf.*token_embd"):
         LlamaCppRuntime(path, n_threads=1)
 
 
 def test_a_quantized_llama_loads_and_runs(tmp_path):
-    rt = _runtime(write_tiny_gguf(tmp_path / "q8.gguf", qtype=Q.Q8_0, arch="qwen2", seed=3), kv_f32=False)
+    rt = _runtime(TinyModel(qtype=Q.Q8_0, arch="qwen2", seed=3).write_gguf(tmp_path / "q8.gguf"), kv_f32=False)
     s, row = prefill(rt, PROMPT)
     assert row.shape == (rt.desc.vocab_size,) and np.isfinite(row).all()
     assert "qwen2" in rt.desc.runtime_id
@@ -353,7 +353,7 @@ def test_llamacpp_tokenizer_agrees_with_ours(tmp_path, kind):
     from superfluid.runtimes.llamacpp.tokenizer import LlamaCppTokenizer
     from superfluid.tokenizer import Tokenizer
 
-    path = write_tiny_gguf(tmp_path / f"{kind}.gguf", tokenizer=kind)
+    path = TinyModel(tokenizer=kind).write_gguf(tmp_path / f"{kind}.gguf")
     ours, lc = Tokenizer.from_gguf(path), LlamaCppTokenizer(path)
     assert lc.vocab_size == ours.vocab_size and lc.bos_id == ours.bos_id and lc.add_bos == ours.add_bos
     assert set(ours.eos_ids) <= set(lc.eos_ids) and lc.special_ids == ours.special_ids
@@ -373,12 +373,12 @@ def test_a_pretokenizer_only_llamacpp_knows(tmp_path):
     from superfluid import LLM, SamplingParams
     from superfluid.runtimes.llamacpp.tokenizer import LlamaCppTokenizer
 
-    path = write_tiny_gguf(tmp_path / "gpt4o.gguf", tokenizer_pre="gpt-4o", tied=False, seed=4)
+    path = TinyModel(tokenizer_pre="gpt-4o", tied=False, seed=4).write_gguf(tmp_path / "gpt4o.gguf")
     llm = LLM(str(path), runtime="llamacpp", runtime_args=dict(n_threads=1, n_ctx=512, max_batch=2))
     assert isinstance(llm.tokenizer, LlamaCppTokenizer)
     out = llm.chat([{"role": "user", "content": "the cat sat"}], SamplingParams(temperature=0, max_tokens=6))[0]
     assert len(out.outputs[0].token_ids) == 6 and out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids)
-    bad = write_tiny_gguf(tmp_path / "nopre.gguf", tokenizer_pre="nosuchpre")
+    bad = TinyModel(tokenizer_pre="nosuchpre").write_gguf(tmp_path / "nopre.gguf")
     with pytest.raises(ModelLoadError, match=r"nopre\.gguf.*pre-tokenizer"):
         LlamaCppRuntime(bad, n_threads=1)
 

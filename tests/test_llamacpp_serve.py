@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from serve_helpers import Server  # noqa: E402
 from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
-from superfluid.runtimes.torch.tiny import write_tiny_gguf  # noqa: E402
+from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
 from superfluid.tokenizer import Tokenizer  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]
@@ -30,7 +30,7 @@ def files(tmp_path_factory):
     mamba, mamba_hf = write_tiny_mamba(d / "m", seed=1)
     mamba2, mamba2_hf = write_tiny_mamba2(d / "m2", seed=2)
     jamba, jamba_hf = write_tiny_jamba(d / "j", seed=3)
-    return {"dir": d, "llama": write_tiny_gguf(d / "llama.gguf", tied=False, seed=4), "mamba": mamba,
+    return {"dir": d, "llama": TinyModel(tied=False, seed=4).write_gguf(d / "llama.gguf"), "mamba": mamba,
             "mamba_hf": mamba_hf, "mamba2": mamba2, "mamba2_hf": mamba2_hf, "jamba": jamba, "jamba_hf": jamba_hf}
 
 
@@ -145,10 +145,10 @@ def _bad_files(d, good):
     return {
         "unknown architecture": (arch, "mamba9"),
         "truncated": (cut, "not a readable GGUF"),
-        "vocabulary mismatch": (write_tiny_gguf(d / "vocab.gguf", shapes={"token_embd.weight": (200, 64)}, tied=False),
+        "vocabulary mismatch": (TinyModel(shapes={"token_embd.weight": (200, 64)}, tied=False).write_gguf(d / "vocab.gguf"),
                                 "token_embd"),
         # 3 KV heads for 4 query heads: llama.cpp aborts the process (GGML_ASSERT) while loading
-        "abort": (write_tiny_gguf(d / "abort.gguf", n_kv_heads=3), "died while loading"),
+        "abort": (TinyModel(n_kv_heads=3).write_gguf(d / "abort.gguf"), "died while loading"),
     }
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime, kernels
 from superfluid.runtimes.torch.llama import Llama
-from superfluid.runtimes.torch.tiny import write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel
 
 pytestmark = pytest.mark.skipif(kernels.native() is None, reason=f"no native kernels: {kernels.native_error()}")
 
@@ -188,7 +188,7 @@ def test_rope_kv_rms_norm_silu_match_torch():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("native") / "llama.gguf"
-    write_tiny_gguf(path)
+    TinyModel().write_gguf(path)
     return path
 
 

@@ -13,7 +13,7 @@ from superfluid.executor import sampling
 from superfluid.runtimes.base import Feed, SampleSpec
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.sample import sample_lanes
-from superfluid.runtimes.torch.tiny import write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel
 
 V = 1000
 
@@ -126,7 +126,7 @@ def test_torch_sampler_edges(monkeypatch):
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    write_tiny_gguf(d / "llama.gguf")
+    TinyModel().write_gguf(d / "llama.gguf")
     return TorchRuntime(d / "llama.gguf", dtype="float32", quant="none", kv_cache_mb=4)
 
 

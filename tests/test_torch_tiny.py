@@ -13,7 +13,7 @@ from superfluid.executor import sampling
 from superfluid.models import ModelLoadError, resolve_model
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, SampleSpec, UnknownSeq
 from superfluid.runtimes.torch import TorchRuntime
-from superfluid.runtimes.torch.tiny import write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]  # 20 tokens
 
@@ -21,9 +21,9 @@ PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 4
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny")
-    write_tiny_gguf(d / "llama.gguf")
-    write_tiny_gguf(d / "qwen2.gguf", arch="qwen2", qtype=Q.Q8_0, seed=1)
-    write_tiny_gguf(d / "q4.gguf", qtype=Q.Q4_1, tied=False, seed=2)
+    TinyModel().write_gguf(d / "llama.gguf")
+    TinyModel(arch="qwen2", qtype=Q.Q8_0, seed=1).write_gguf(d / "qwen2.gguf")
+    TinyModel(qtype=Q.Q4_1, tied=False, seed=2).write_gguf(d / "q4.gguf")
     return d
 
 
@@ -96,13 +96,13 @@ def test_bad_files(tiny_dir, tmp_path):
     (tmp_path / "header.gguf").write_bytes(good[:100])
     with pytest.raises(ModelLoadError, match="header.gguf"):
         TorchRuntime(tmp_path / "header.gguf", dtype="float32", quant="none")
-    write_tiny_gguf(tmp_path / "missing.gguf", skip=("blk.1.ffn_up.weight",))
+    TinyModel(skip=("blk.1.ffn_up.weight",)).write_gguf(tmp_path / "missing.gguf")
     with pytest.raises(ModelLoadError, match=r"missing.gguf.*blk\.1\.ffn_up\.weight"):
         TorchRuntime(tmp_path / "missing.gguf", dtype="float32", quant="none")
-    write_tiny_gguf(tmp_path / "shape.gguf", shapes={"blk.0.attn_v.weight": (48, 64)})
+    TinyModel(shapes={"blk.0.attn_v.weight": (48, 64)}).write_gguf(tmp_path / "shape.gguf")
     with pytest.raises(ModelLoadError, match=r"shape.gguf.*blk\.0\.attn_v\.weight.*\[48, 64\]"):
         TorchRuntime(tmp_path / "shape.gguf", dtype="float32", quant="none")
-    write_tiny_gguf(tmp_path / "arch.gguf", arch="gpt2")
+    TinyModel(arch="gpt2").write_gguf(tmp_path / "arch.gguf")
     with pytest.raises(ModelLoadError, match=r"arch.gguf.*unsupported architecture 'gpt2'"):
         TorchRuntime(tmp_path / "arch.gguf", dtype="float32", quant="none")
     with pytest.raises(ModelLoadError, match="unknown model"):

@@ -17,10 +17,10 @@ from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.config import ModelConfig
 from superfluid.runtimes.torch.hf_weights import _rope_scaling, read_config
-from superfluid.runtimes.torch.tiny import write_hf_folder, write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel, write_hf_folder
 
 WINDOW = 8
-CONTEXT = 512  # write_tiny_gguf's context_length
+CONTEXT = 512  # TinyModel's context
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 16.0}
 YARN_GGUF = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32,
              "rope.scaling.yarn_beta_fast": 16.0}
@@ -36,7 +36,7 @@ def base(tmp_path_factory):
     from transformers import AutoTokenizer
 
     d = tmp_path_factory.mktemp("variants")
-    write_tiny_gguf(d / "llama.gguf")
+    TinyModel().write_gguf(d / "llama.gguf")
     AutoTokenizer.from_pretrained(d, gguf_file="llama.gguf").save_pretrained(d / "tok")
     return d
 
@@ -123,7 +123,7 @@ def test_mistral_window_deterministic_long_prompt(mistral):
 
 
 def test_gguf_sliding_window_metadata(base, mistral, tmp_path):
-    path = write_tiny_gguf(tmp_path / "swa.gguf", meta={"attention.sliding_window": WINDOW})
+    path = TinyModel(meta={"attention.sliding_window": WINDOW}).write_gguf(tmp_path / "swa.gguf")
     rg = TorchRuntime(path, dtype="float32", quant="none", kv_cache_mb=4)
     assert rg.cfg.sliding_window == WINDOW
     toks = tokens(30, seed=4)
@@ -204,7 +204,7 @@ def test_llama_yarn_matches_transformers(base):
 
 def test_gguf_yarn_metadata(base, tmp_path):
     folder = hf_folder(base, "yarn", rope_scaling=YARN)
-    path = write_tiny_gguf(tmp_path / "yarn.gguf", meta=YARN_GGUF)
+    path = TinyModel(meta=YARN_GGUF).write_gguf(tmp_path / "yarn.gguf")
     rg, rh = TorchRuntime(path, dtype="float32", quant="none", kv_cache_mb=4), TorchRuntime(folder, dtype="float32", quant="none", kv_cache_mb=4)
     assert rg.cfg.rope_scaling == rh.cfg.rope_scaling
     inv_g, a_g = rg.cfg.rope()
@@ -213,4 +213,4 @@ def test_gguf_yarn_metadata(base, tmp_path):
     toks = tokens(80, seed=8)
     assert np.abs(run_chunks(rg, toks, [80]) - run_chunks(rh, toks, [80])).max() < 1e-5
     with pytest.raises(ModelLoadError, match="unsupported rope scaling 'longrope'"):
-        TorchRuntime(write_tiny_gguf(tmp_path / "bad.gguf", meta={"rope.scaling.type": "longrope"}), dtype="float32")
+        TorchRuntime(TinyModel(meta={"rope.scaling.type": "longrope"}).write_gguf(tmp_path / "bad.gguf"), dtype="float32")

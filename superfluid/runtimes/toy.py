@@ -4,9 +4,10 @@ The "model": a row is ``bigram[last token] + noise(hash of the whole history)``,
 function of the token history, so two paths to the same history give bit-identical
 rows and any lost or duplicated token changes every later row.
 
-Memory: in KV mode a sequence holds one cell per token in blocks of ``page`` cells;
-with ``copy_shares_cells`` a copy shares whole blocks by reference count and copies
-the partial last one. In ``exact_only`` (recurrent) mode a sequence is a fixed-size
+Memory: in KV mode a sequence holds one cell per token in blocks of ``page`` cells
+(``blocks.BlockAllocator``, as the torch pool); with ``copy_shares_cells`` a copy shares
+whole blocks by reference count and copies the partial last one, and a truncate into a
+shared block copies it at once. In ``exact_only`` (recurrent) mode a sequence is a fixed-size
 state (hash, last token, length): it cannot be cut back to anything but 0, and cells
 are not counted (``cells_total == 0``), only sequence slots.
 
@@ -34,6 +35,7 @@ from .base import (
     UnknownSeq,
     Vocabulary,
 )
+from .blocks import BlockAllocator, BlockTable
 from .toy_vocab import EOS, ToyTokenizer, toy_vocabulary
 
 _HASH0 = 0x243F6A8885A308D3
@@ -47,7 +49,7 @@ def _mix(h: int, token: int) -> int:
 class _Seq:
     tokens: list[int] = field(default_factory=list)  # KV mode: the history
     hashes: list[int] = field(default_factory=lambda: [_HASH0])  # hashes[i]: hash of tokens[:i]
-    blocks: list[int] = field(default_factory=list)
+    table: BlockTable = field(default_factory=BlockTable)  # KV mode: table.length == len(tokens)
     # exact_only mode keeps only the state
     state: tuple[int, int, int] = (_HASH0, -1, 0)  # (hash, last token, length)
 
@@ -99,9 +101,7 @@ class ToyRuntime:
         self.bigram = (3.0 * rng.standard_normal((vocab_size, vocab_size))).astype(np.float32)
         self.bigram[:, EOS] -= 4.0  # EOS is rare but reachable
         self.bigram[:, 130:] = -30.0  # ids past the pieces are never likely
-        self.n_blocks = 0 if exact_only else n_cells // page
-        self.refcount = np.zeros(self.n_blocks, dtype=np.int64)
-        self.free_blocks = list(range(self.n_blocks - 1, -1, -1))
+        self.blocks = BlockAllocator(0 if exact_only else n_cells // page, page)
         self.seqs: dict[int, _Seq] = {}
         self.next_seq = 1
         self.failures: dict[str, _Failure] = {}
@@ -130,9 +130,9 @@ class ToyRuntime:
     def snapshot(self) -> tuple:
         """Everything a rejected plan must leave untouched."""
         seqs = {
-            k: (tuple(s.tokens), tuple(s.blocks), s.state) for k, s in self.seqs.items()
+            k: (tuple(s.tokens), tuple(s.table.blocks), s.table.length, s.state) for k, s in self.seqs.items()
         }
-        return (seqs, self.refcount.tobytes(), tuple(self.free_blocks), self.next_seq)
+        return (seqs, self.blocks.snapshot(), self.next_seq)
 
     # ------------------------------------------------------------ the model
     def row_for(self, h: int, last: int) -> np.ndarray:
@@ -150,27 +150,9 @@ class ToyRuntime:
     def _len(self, s: _Seq) -> int:
         return s.state[2] if self.desc.exact_only else len(s.tokens)
 
-    def _blocks_for(self, n_tokens: int) -> int:
-        return -(-n_tokens // self.desc.page)
-
-    def _alloc(self) -> int:
-        b = self.free_blocks.pop()
-        self.refcount[b] = 1
-        return b
-
-    def _unref(self, b: int) -> None:
-        self.refcount[b] -= 1
-        if self.refcount[b] == 0:
-            self.free_blocks.append(b)
-
     def _grow_cost(self, s: _Seq, n: int) -> int:
         """Blocks that appending n tokens to s takes (a shared partial last block is copied)."""
-        if self.desc.exact_only:
-            return 0
-        cost = self._blocks_for(len(s.tokens) + n) - len(s.blocks)
-        if n and s.blocks and len(s.tokens) % self.desc.page and self.refcount[s.blocks[-1]] > 1:
-            cost += 1
-        return cost
+        return 0 if self.desc.exact_only else self.blocks.blocks_needed(s.table, n)
 
     def _append(self, s: _Seq, tokens: Sequence[int]) -> None:
         if self.desc.exact_only:
@@ -180,15 +162,11 @@ class ToyRuntime:
                 last, n = t, n + 1
             s.state = (h, last, n)
             return
-        if tokens and s.blocks and len(s.tokens) % self.desc.page and self.refcount[s.blocks[-1]] > 1:
-            old = s.blocks[-1]
-            s.blocks[-1] = self._alloc()
-            self._unref(old)
+        self.blocks.reserve([(s.table, len(tokens))])  # no cells to move: the toy stores none
         for t in tokens:
             s.hashes.append(_mix(s.hashes[-1], t))
             s.tokens.append(t)
-        while len(s.blocks) < self._blocks_for(len(s.tokens)):
-            s.blocks.append(self._alloc())
+        s.table.length = len(s.tokens)
 
     def _head(self, s: _Seq) -> tuple[int, int]:
         if self.desc.exact_only:
@@ -215,18 +193,9 @@ class ToyRuntime:
                 raise Unsupported("a recurrent state is copied whole")
             b.state = a.state if n_tokens else b.state
             return
-        page = self.desc.page
-        full = n_tokens // page if self.desc.copy_shares_cells else 0
-        need = self._blocks_for(n_tokens) - full
-        if need > len(self.free_blocks):
-            raise Capacity("no cells for the copy")
-        for blk in a.blocks[:full]:
-            self.refcount[blk] += 1
-            b.blocks.append(blk)
+        self.blocks.copy(a.table, b.table, n_tokens, share=self.desc.copy_shares_cells)
         b.tokens = a.tokens[:n_tokens]
         b.hashes = a.hashes[: n_tokens + 1]
-        while len(b.blocks) < self._blocks_for(n_tokens):
-            b.blocks.append(self._alloc())
 
     def seq_truncate(self, seq: int, n_tokens: int) -> None:
         self._maybe_fail("seq_truncate")
@@ -240,26 +209,14 @@ class ToyRuntime:
             if n_tokens == 0:
                 s.state = _Seq().state
             return
-        keep = self._blocks_for(n_tokens)
-        cow = n_tokens % self.desc.page != 0 and keep > 0 and self.refcount[s.blocks[keep - 1]] > 1
-        if cow and not self.free_blocks:
-            raise Capacity("no cell to copy a shared block")
-        for blk in s.blocks[keep:]:
-            self._unref(blk)
-        del s.blocks[keep:]
-        if cow:
-            old = s.blocks[-1]
-            s.blocks[-1] = self._alloc()
-            self._unref(old)
+        self.blocks.truncate(s.table, n_tokens, unshare=True)
         del s.tokens[n_tokens:]
         del s.hashes[n_tokens + 1 :]
 
     def seq_free(self, seq: int) -> None:
         s = self.seqs.pop(seq, None)
-        if s is None:
-            return
-        for blk in s.blocks:
-            self._unref(blk)
+        if s is not None:
+            self.blocks.release(s.table)
 
     def seq_len(self, seq: int) -> int:
         return self._len(self._get(seq))
@@ -280,15 +237,13 @@ class ToyRuntime:
         if kind == "state":
             s.state = data
             return data[2]
-        if self._blocks_for(len(data)) > len(self.free_blocks):
-            raise Capacity("no cells for the import")
-        self._append(s, data)
+        self._append(s, data)  # all or nothing: reserve checks the blocks first
         return len(data)
 
     def _check_room(self, feeds: Sequence[Feed]) -> None:
         need = sum(self._grow_cost(self._get(f.seq), len(f.tokens)) for f in feeds)
-        if need > len(self.free_blocks):
-            raise Capacity(f"{need} blocks wanted, {len(self.free_blocks)} free")
+        if need > len(self.blocks.free):
+            raise Capacity(f"{need} blocks wanted, {len(self.blocks.free)} free")
         for f in feeds:
             if self._len(self._get(f.seq)) + len(f.tokens) > self.desc.max_seq_len:
                 raise Capacity("past max_seq_len")
@@ -336,25 +291,17 @@ class ToyRuntime:
         return out
 
     def mem_counters(self) -> MemCounters:
-        used = (self.n_blocks - len(self.free_blocks)) * self.desc.page
-        total = self.n_blocks * self.desc.page
-        return MemCounters(cells_total=total, cells_used=used, allocated_bytes=used * self.desc.cell_bytes)
+        used = self.blocks.cells_used
+        return MemCounters(cells_total=self.blocks.cells_total, cells_used=used,
+                           allocated_bytes=used * self.desc.cell_bytes)
 
     def cells_released(self, seqs: Sequence[int]) -> int:
-        drops: dict[int, int] = {}
-        for seq in seqs:
-            s = self.seqs.get(seq)
-            if s is None:
-                continue
-            for blk in s.blocks:
-                drops[blk] = drops.get(blk, 0) + 1
-        freed = sum(1 for blk, n in drops.items() if self.refcount[blk] <= n)
-        return freed * self.desc.page
+        """Unknown seqs release nothing (freeing one is a no-op too)."""
+        return self.blocks.cells_released(self.seqs[seq].table for seq in seqs if seq in self.seqs)
 
     def cells_of_live_seqs(self) -> int:
         """Cells the live sequences hold, shared blocks counted once (invariant checks)."""
-        blocks = {blk for s in self.seqs.values() for blk in s.blocks}
-        return len(blocks) * self.desc.page
+        return self.blocks.cells_held(s.table for s in self.seqs.values())
 
     def sync_steps(self, on: bool) -> None:
         self.synced = on

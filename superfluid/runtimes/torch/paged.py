@@ -1,31 +1,22 @@
-"""The paged KV pool: blocks of ``page`` cells, per-sequence block tables, refcounts.
+"""The paged KV pool: K/V storage over the blocks of a ``BlockAllocator``.
 
 Storage: ``k``, ``v``: [n_layers, n_blocks * page, n_kv_heads, head_dim]; the cell of
 token ``i`` of a sequence is ``table[i // page] * page + i % page`` (its *slot*).
 
-Invariants:
-- A block's refcount is the number of sequence tables that list it; a block with
-  refcount 0 is on the free list and no table lists it.
-- A sequence never writes a block whose refcount is > 1: ``reserve`` copies such a block
-  first (copy on write). Copies share whole blocks and copy the partial last one, so only
-  a truncate into a shared block ever needs that.
-- Every mutating call checks capacity before it changes anything (``Capacity``).
+Block tables, refcounts, copy on write and the capacity checks are the allocator's
+(``runtimes/blocks.py``); this pool names sequences, moves the cells the allocator asks
+to be copied, and turns tables into slots. A copy shares whole blocks and copies the
+partial last one; a truncate into a shared block leaves it shared until the next write.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from ..base import Capacity, Fault, UnknownSeq
+from ..base import Fault, UnknownSeq
+from ..blocks import BlockAllocator, BlockTable, CellCopy
 from ...abi import FaultCode
 
-
-@dataclass
-class SeqTable:
-    blocks: list[int] = field(default_factory=list)
-    length: int = 0  # tokens held; cells [0, length) are valid
 
 
 class PagedKV:
@@ -35,9 +26,8 @@ class PagedKV:
         shape = (n_layers, n_blocks * page, n_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.refs = [0] * n_blocks
-        self.free_blocks = list(range(n_blocks - 1, -1, -1))  # pop() hands out low ids first
-        self.seqs: dict[int, SeqTable] = {}
+        self.blocks = BlockAllocator(n_blocks, page)
+        self.seqs: dict[int, BlockTable] = {}
         self._next_id = 1
 
     # ------------------------------------------------------------ bookkeeping
@@ -50,41 +40,30 @@ class PagedKV:
 
     @property
     def used_blocks(self) -> int:
-        return self.n_blocks - len(self.free_blocks)
+        return self.blocks.used_blocks
 
-    def table(self, seq: int) -> SeqTable:
+    def table(self, seq: int) -> BlockTable:
         try:
             return self.seqs[seq]
         except KeyError:
             raise UnknownSeq(f"unknown seq {seq}") from None
 
-    def _alloc(self) -> int:
-        b = self.free_blocks.pop()
-        self.refs[b] = 1
-        return b
-
-    def _decref(self, b: int) -> None:
-        self.refs[b] -= 1
-        if self.refs[b] == 0:
-            self.free_blocks.append(b)
-
-    def _copy_block(self, src: int, dst: int, cells: int) -> None:
+    def _move(self, copies: list[CellCopy]) -> None:
         p = self.page
-        self.k[:, dst * p: dst * p + cells] = self.k[:, src * p: src * p + cells]
-        self.v[:, dst * p: dst * p + cells] = self.v[:, src * p: src * p + cells]
+        for src, dst, cells in copies:
+            self.k[:, dst * p: dst * p + cells] = self.k[:, src * p: src * p + cells]
+            self.v[:, dst * p: dst * p + cells] = self.v[:, src * p: src * p + cells]
 
     # -------------------------------------------------------------- sequences
 
     def create(self) -> int:
         seq = self._next_id
         self._next_id += 1
-        self.seqs[seq] = SeqTable()
+        self.seqs[seq] = BlockTable()
         return seq
 
     def free(self, seq: int) -> None:
-        t = self.table(seq)
-        for b in t.blocks:
-            self._decref(b)
+        self.blocks.release(self.table(seq))
         del self.seqs[seq]
 
     def copy(self, src: int, dst: int, n_tokens: int) -> None:
@@ -94,70 +73,35 @@ class PagedKV:
             raise Fault(FaultCode.INTERNAL, f"seq_copy: destination seq {dst} is not empty")
         if not 0 <= n_tokens <= s.length:
             raise Fault(FaultCode.INTERNAL, f"seq_copy: {n_tokens} tokens asked of seq {src} holding {s.length}")
-        full, part = divmod(n_tokens, self.page)
-        if part and not self.free_blocks:
-            raise Capacity("seq_copy: no free block for the partial last block")
-        for b in s.blocks[:full]:
-            self.refs[b] += 1
-        d.blocks = s.blocks[:full]
-        if part:
-            b = self._alloc()
-            self._copy_block(s.blocks[full], b, part)
-            d.blocks.append(b)
-        d.length = n_tokens
+        self._move(self.blocks.copy(s, d, n_tokens))
 
     def truncate(self, seq: int, n_tokens: int) -> None:
         t = self.table(seq)
         if not 0 <= n_tokens <= t.length:
             raise Fault(FaultCode.INTERNAL, f"seq_truncate: {n_tokens} > length {t.length} of seq {seq}")
-        keep = -(-n_tokens // self.page)
-        for b in t.blocks[keep:]:
-            self._decref(b)
-        del t.blocks[keep:]
-        t.length = n_tokens
+        self.blocks.truncate(t, n_tokens)
 
     def released_cells(self, seqs) -> int:
         """Cells that freeing all of ``seqs`` gives back: blocks whose refcount drops to 0."""
-        counts: dict[int, int] = {}
-        for seq in set(seqs):
-            for b in self.table(seq).blocks:
-                counts[b] = counts.get(b, 0) + 1
-        return sum(self.page for b, c in counts.items() if self.refs[b] == c)
+        return self.blocks.cells_released([self.table(seq) for seq in seqs])
 
     # ---------------------------------------------------------------- writing
 
     def blocks_needed(self, seq: int, n_new: int) -> int:
         """New blocks that appending n_new tokens takes (including a copy on write)."""
-        t = self.table(seq)
-        have = len(t.blocks)
-        need = -(-(t.length + n_new) // self.page) - have
-        if n_new and t.length % self.page and self.refs[t.blocks[-1]] > 1:
-            need += 1  # the partial last block is shared: it gets copied first
-        return need
+        return self.blocks.blocks_needed(self.table(seq), n_new)
 
     def reserve(self, appends: list[tuple[int, int]]) -> list[torch.Tensor]:
         """Make room for (seq, n_new) appends, all or nothing; returns each one's slots [n_new].
         Lengths are not advanced here: ``commit`` does that once the forward ran."""
-        need = sum(self.blocks_needed(seq, n) for seq, n in appends)
-        if need > len(self.free_blocks):
-            raise Capacity(f"KV pool: {need} blocks needed, {len(self.free_blocks)} free")
-        out = []
-        for seq, n in appends:
-            t = self.table(seq)
-            if n and t.length % self.page and self.refs[t.blocks[-1]] > 1:
-                b = self._alloc()
-                self._copy_block(t.blocks[-1], b, t.length % self.page)
-                self._decref(t.blocks[-1])
-                t.blocks[-1] = b
-            while len(t.blocks) * self.page < t.length + n:
-                t.blocks.append(self._alloc())
-            out.append(self.slots(t, t.length, t.length + n))
-        return out
+        tables = [(self.table(seq), n) for seq, n in appends]
+        self._move(self.blocks.reserve(tables))
+        return [self.slots(t, t.length, t.length + n) for t, n in tables]
 
     def commit(self, seq: int, n_new: int) -> None:
         self.seqs[seq].length += n_new
 
-    def slots(self, t: SeqTable, start: int, end: int) -> torch.Tensor:
+    def slots(self, t: BlockTable, start: int, end: int) -> torch.Tensor:
         """[end - start] int64 slots of positions [start, end)."""
         pos = torch.arange(start, end)
         table = torch.tensor(t.blocks, dtype=torch.int64)

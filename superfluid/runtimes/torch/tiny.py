@@ -1,21 +1,28 @@
 """Tiny random Llama-family GGUF files, for fast tests of loading, the pool and batching.
 
-``write_tiny_gguf`` writes a real GGUF (a byte-level BPE tokenizer with a few merges, or a
-sentencepiece-style one, chat template, random weights) that both our loader and
+``TinyModel(...).write_gguf(path)`` writes a real GGUF (a byte-level BPE tokenizer with a few
+merges, or a sentencepiece-style one, chat template, random weights) that both our loader and
 transformers' gguf loader can read. Matrices are stored in any type of ``WRITABLE``;
 ``qtypes`` picks one per tensor, as real files mix types (Q4_K_M keeps some in Q6_K).
 ``skip`` / ``shapes`` / ``arch`` / ``raw_types`` let tests write broken files on purpose.
+``write_hf_folder`` turns such a file into a Hugging Face folder.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter
 from gguf.quants import quantize, quant_shape_to_byte_shape
+from safetensors.torch import save_file
 
 from ...tokenizer import _byte_decoder
+from .gguf_weights import load_gguf
+from .hf_weights import hf_name
 
 TINY_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -107,7 +114,7 @@ def quantize_tensor(arr: np.ndarray, qtype: Q) -> np.ndarray:
     return quantize(arr.astype(np.float32), qtype)
 
 
-def _write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int:
+def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int:
     """Tokenizer metadata; returns the vocabulary size. ``pre``: the BPE pre-tokenizer's name."""
     if tokenizer == "gpt2":
         tokens, types, merges = tiny_vocab()
@@ -138,87 +145,116 @@ def _write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int
     return len(tokens)
 
 
-def write_tiny_gguf(path: str | Path, *, arch: str = "llama", n_layers: int = 2, hidden: int = 64,
-                    n_heads: int = 4, n_kv_heads: int = 2, ffn: int = 128, context: int = 512,
-                    qtype: Q = Q.F32, qtypes: dict[str, Q] | None = None, tokenizer: str = "gpt2",
-                    tied: bool = True, seed: int = 0, skip: tuple[str, ...] = (),
-                    shapes: dict[str, tuple[int, ...]] | None = None, raw_types: dict[str, Q] | None = None,
-                    meta: dict[str, str | int | float | bool] | None = None, tokenizer_pre: str = "default") -> Path:
-    """``qtype``: the type of every matrix (vectors stay F32, as llama.cpp keeps norms);
-    ``qtypes``: per-tensor overrides; ``raw_types``: tensors written as random bytes of that
-    ggml type (any type, even ones nobody can quantize to: for files a loader must reject);
-    ``meta``: extra fields under the architecture's prefix, e.g. {"attention.sliding_window": 8}."""
-    path = Path(path)
-    rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), arch)
-    w.add_name("tiny")
-    w.add_block_count(n_layers)
-    w.add_context_length(context)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    vocab = _write_tokenizer(w, tokenizer, tokenizer_pre)
-    w.add_vocab_size(vocab)
-    w.add_rope_dimension_count(hidden // n_heads)
-    for key, value in (meta or {}).items():  # bool before int: True is an int too
-        add = (w.add_bool if isinstance(value, bool) else w.add_uint32 if isinstance(value, int)
-               else w.add_float32 if isinstance(value, float) else w.add_string)
-        add(f"{arch}.{key}", value)
-    d = hidden // n_heads
-    spec = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
-    if not tied:
-        spec["output.weight"] = (vocab, hidden)
-    for i in range(n_layers):
-        p = f"blk.{i}."
-        spec |= {p + "attn_norm.weight": (hidden,), p + "attn_q.weight": (n_heads * d, hidden),
-                 p + "attn_k.weight": (n_kv_heads * d, hidden), p + "attn_v.weight": (n_kv_heads * d, hidden),
-                 p + "attn_output.weight": (hidden, n_heads * d), p + "ffn_norm.weight": (hidden,),
-                 p + "ffn_gate.weight": (ffn, hidden), p + "ffn_up.weight": (ffn, hidden),
-                 p + "ffn_down.weight": (hidden, ffn)}
-        if arch == "qwen2":
-            spec |= {p + "attn_q.bias": (n_heads * d,), p + "attn_k.bias": (n_kv_heads * d,),
-                     p + "attn_v.bias": (n_kv_heads * d,)}
-    spec |= shapes or {}
-    for name, shape in spec.items():
-        if name in skip:
-            continue
-        if name in (raw_types or {}):
-            raw = raw_types[name]
+@dataclass(frozen=True)
+class TinyModel:
+    """One tiny random Llama-family model: what ``write_gguf`` writes. Variants are
+    ``dataclasses.replace`` of a spec, or keyword arguments: ``TinyModel(seed=4, tied=False)``."""
+
+    # geometry
+    arch: str = "llama"  # "qwen2" adds the q/k/v biases; any other name writes a file nobody loads
+    n_layers: int = 2
+    hidden: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn: int = 128
+    context: int = 512
+    tied: bool = True  # no output.weight: the head is the embedding
+    # weights
+    seed: int = 0
+    qtype: Q = Q.F32  # the type of every matrix; vectors stay F32, as llama.cpp keeps norms
+    qtypes: Mapping[str, Q] = field(default_factory=dict)  # per-tensor overrides of qtype
+    # tokenizer: "gpt2" (byte-level BPE) or "llama" (sentencepiece); pre: the BPE pre-tokenizer's name
+    tokenizer: str = "gpt2"
+    tokenizer_pre: str = "default"
+    # extra fields under the architecture's prefix, e.g. {"attention.sliding_window": 8}
+    meta: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    # broken on purpose, for files a loader must reject: tensors left out, shapes replaced,
+    # tensors written as random bytes of a ggml type (any type, even ones nobody can quantize to)
+    skip: tuple[str, ...] = ()
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    raw_types: Mapping[str, Q] = field(default_factory=dict)
+
+    def write_gguf(self, path: str | Path) -> Path:
+        path = Path(path)
+        w = GGUFWriter(str(path), self.arch)
+        vocab = self._write_metadata(w)
+        rng = np.random.default_rng(self.seed)
+        for name, shape in self.tensor_shapes(vocab).items():
+            if name not in self.skip:
+                self._add_tensor(w, name, shape, rng)
+        save(w)
+        return path
+
+    def _write_metadata(self, w: GGUFWriter) -> int:
+        """Hyperparameters and tokenizer; returns the vocabulary size."""
+        w.add_name("tiny")
+        w.add_block_count(self.n_layers)
+        w.add_context_length(self.context)
+        w.add_embedding_length(self.hidden)
+        w.add_feed_forward_length(self.ffn)
+        w.add_head_count(self.n_heads)
+        w.add_head_count_kv(self.n_kv_heads)
+        w.add_rope_freq_base(10000.0)
+        w.add_layer_norm_rms_eps(1e-5)
+        vocab = write_tokenizer(w, self.tokenizer, self.tokenizer_pre)
+        w.add_vocab_size(vocab)
+        w.add_rope_dimension_count(self.hidden // self.n_heads)
+        for key, value in self.meta.items():  # bool before int: True is an int too
+            add = (w.add_bool if isinstance(value, bool) else w.add_uint32 if isinstance(value, int)
+                   else w.add_float32 if isinstance(value, float) else w.add_string)
+            add(f"{self.arch}.{key}", value)
+        return vocab
+
+    def tensor_shapes(self, vocab: int) -> dict[str, tuple[int, ...]]:
+        """Tensor name -> numpy shape, in the order they are written (``shapes`` applied)."""
+        hidden, ffn, d = self.hidden, self.ffn, self.hidden // self.n_heads
+        q, kv = self.n_heads * d, self.n_kv_heads * d  # rows of the query and of each key / value projection
+        spec = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+        if not self.tied:
+            spec["output.weight"] = (vocab, hidden)
+        for i in range(self.n_layers):
+            p = f"blk.{i}."
+            spec |= {p + "attn_norm.weight": (hidden,), p + "attn_q.weight": (q, hidden),
+                     p + "attn_k.weight": (kv, hidden), p + "attn_v.weight": (kv, hidden),
+                     p + "attn_output.weight": (hidden, q), p + "ffn_norm.weight": (hidden,),
+                     p + "ffn_gate.weight": (ffn, hidden), p + "ffn_up.weight": (ffn, hidden),
+                     p + "ffn_down.weight": (hidden, ffn)}
+            if self.arch == "qwen2":
+                spec |= {p + "attn_q.bias": (q,), p + "attn_k.bias": (kv,), p + "attn_v.bias": (kv,)}
+        return spec | dict(self.shapes)
+
+    def _add_tensor(self, w: GGUFWriter, name: str, shape: tuple[int, ...], rng: np.random.Generator) -> None:
+        """Random values: norms near 1, matrices scaled by fan-in, stored as ``qtype`` / ``qtypes``."""
+        if name in self.raw_types:
+            raw = self.raw_types[name]
             w.add_tensor(name, rng.integers(0, 256, quant_shape_to_byte_shape(shape, raw), dtype=np.uint8), raw_dtype=raw)
-            continue
+            return
         if len(shape) == 1:
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
-            continue
+            return
         arr = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
         if name == "token_embd.weight":
             arr *= 4.0  # embeddings are not scaled by fan-in
-        kind = (qtypes or {}).get(name, qtype)
+        kind = self.qtypes.get(name, self.qtype)
         if kind == Q.F32:
             w.add_tensor(name, arr)
         elif kind == Q.F16:
             w.add_tensor(name, arr.astype(np.float16))
         else:
             w.add_tensor(name, quantize_tensor(arr, kind), raw_dtype=kind)
+
+
+def save(w: GGUFWriter) -> None:
+    """Write out everything added to ``w`` and close the file."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
 
 
 def write_hf_folder(gguf: str | Path, out: str | Path, **config) -> Path:
     """A Hugging Face folder (model.safetensors + a llama config.json, ``config`` keys
     overriding) holding the GGUF's weights; the tokenizer is the caller's to add."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from .gguf_weights import load_gguf
-    from .hf_weights import hf_name
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg, tensors = load_gguf(Path(gguf))
