@@ -263,7 +263,8 @@ class Scheduler:
         by_tag.update(self.running)
         admitted = {a.lane_tag: a for a in tick.admissions}
 
-        def cb(lane_tag: int, token: int) -> None:
+        def cb(emit: abi.PartialEmit) -> None:
+            lane_tag, token = emit.lane_tag, emit.token
             req = by_tag.get(lane_tag)
             if lane_tag in admitted:  # usage may go out with this very token
                 self._count_admission(admitted[lane_tag])
