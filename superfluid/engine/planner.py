@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import abi
+from ..pages import cells_added, cells_for
 from .config import SchedulerConfig
 from .priority import PriorityPolicy
 from .request import Request, Status, next_lane_tag
@@ -93,11 +94,10 @@ class Planner:
     def _give_way(self, live: list[Request], req: Request, short: int) -> list[Request] | None:
         """The fewest worse-priority running requests whose cells cover ``short``; None
         when even all of them would not (then nobody is preempted for nothing)."""
-        page = max(1, self.desc.page)
         chosen, freed = [], 0
         for victim in self.policy.victims(live, req):
             chosen.append(victim)
-            freed += -(-victim.held_tokens() // page) * page
+            freed += cells_for(victim.held_tokens(), self.desc.page)
             if freed >= short:
                 return chosen
         return None
@@ -120,11 +120,10 @@ class Planner:
         live = [r for r in view.running if not r.retire_pending]
 
         budget = cfg.prefill_token_budget if limits.prefill_budget is None else limits.prefill_budget
-        page = max(1, self.desc.page)
+        page = self.desc.page
 
         def cost(held: int, add: int) -> int:
-            """Cells a lane holding ``held`` tokens takes to hold ``add`` more (whole blocks)."""
-            return (-(-(held + add) // page) - -(-held // page)) * page
+            return cells_added(held, add, page)
 
         # The free-cell estimate (None: the runtime does not count cells, NeedsReplan
         # decides). Running lanes come first: their chunks and one decode round each

@@ -24,6 +24,7 @@ from typing import Callable
 import msgspec
 
 from .. import abi
+from ..pages import cells_for
 from .config import SchedulerConfig
 from .host_pick import HostPickError
 from .host_sampling import HostSampler
@@ -491,8 +492,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.pop(req.lane_tag, None)
-        page = max(1, self.desc.page)
-        self._orphan_cells += -(-req.held_tokens() // page) * page
+        self._orphan_cells += cells_for(req.held_tokens(), self.desc.page)
         # Not published: the point is to give its cells back in this very plan.
         self._orphans.append(abi.LaneRetire(req.lane_tag, publish_to_cache=False))
         req.num_preemptions += 1
