@@ -147,7 +147,7 @@ class Engine:
         if self.config.scheduler.speculative and not self.desc.exact_only:
             from ..executor import SpecConfig
 
-            self.scheduler.planner.strategy_slot = self.ex.load_strategy(SpecConfig())
+            self.scheduler.planner.use_strategy(self.ex.load_strategy(SpecConfig()))
 
     def recover(self) -> None:
         """After the executor's worker was lost: start a clean one and re-admit every
