@@ -74,6 +74,10 @@ class SchedulerStats:
 
 TokenCallback = Callable[[Request, int], None]
 
+def _update_of(updates: dict[int, RequestUpdate], req: Request) -> RequestUpdate:
+    return updates.setdefault(id(req), RequestUpdate(req))
+
+
 _FINISH = {abi.Finish.EOS: FinishReason.STOP, abi.Finish.LENGTH: FinishReason.LENGTH, abi.Finish.GRAMMAR: FinishReason.STOP}
 
 
@@ -280,8 +284,8 @@ class Scheduler:
 
     # ------------------------------------------------------------ events
     def update(self, tick: ScheduledTick, events: abi.TickEvents, streamed: dict[int, int] | None = None) -> list[RequestUpdate]:
-        """Apply an accepted tick's events. Usable with hand-made events in tests."""
-        streamed = streamed or {}
+        """Apply an accepted tick's events. Usable with hand-made events in tests.
+        ``streamed``: tokens per lane already taken through the partial-emit callback."""
         self.stats.ticks += 1
         self._orphans = []
         self._orphan_cells = 0
@@ -291,31 +295,51 @@ class Scheduler:
             req = self.running.get(c.lane_tag)
             if req is not None and req.host_commit is c:
                 req.host_commit = None
-
         for adm in tick.admissions:
-            req = adm.request
-            self._count_admission(adm)
-            self.stats.prefix_hit_tokens += adm.seed.prefix_len if adm.seed else 0
-            if req in self.waiting:
-                self.waiting.remove(req)
-            req.lane_tag = adm.lane_tag
-            if req.is_finished:
-                # It finished within this very tick (a partial emit hit max_tokens or a
-                # stop string before the admission was applied): its lane still retires.
-                req.retire_pending = True
-                self.running[adm.lane_tag] = req
-                continue
-            req.status = Status.RUNNING
-            req.prefilled = adm.seed.prefix_len if adm.seed else 0
-            req.prefill_end = adm.prefill_end
-            req.replay = adm.replay
-            req.replay_pending = adm.replay > 0
-            req.lane_finished = False
-            req.retire_pending = False
-            self.running[adm.lane_tag] = req
+            self._apply_admission(adm)
+        self._apply_prefills(tick, events.shed)
+        updates: dict[int, RequestUpdate] = {}  # id(request) -> its update, first event first
+        self._apply_faults(events.faults, updates)
+        for plp in events.prompt_logprobs:
+            req = self.running.get(plp.lane_tag)
+            if req is not None:
+                req.prompt_scores[plp.position] = plp
+        logprobs: dict[int, list[abi.LaneLogprob]] = {}
+        for lp in events.logprobs:
+            logprobs.setdefault(lp.lane_tag, []).append(lp)
+        for emit in events.emits:
+            req = self.running.get(emit.lane_tag)
+            if req is not None:
+                self._apply_emit(req, emit, logprobs.get(emit.lane_tag, []), streamed or {}, updates)
+        self._note_memory(events.mem)
+        return list(updates.values())
 
+    def _apply_admission(self, adm: Admission) -> None:
+        """The request now holds its lane, prefilled as far as its seed reaches."""
+        req = adm.request
+        self._count_admission(adm)
+        self.stats.prefix_hit_tokens += adm.seed.prefix_len if adm.seed else 0
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.lane_tag = adm.lane_tag
+        self.running[adm.lane_tag] = req
+        if req.is_finished:
+            # It finished within this very tick (a partial emit hit max_tokens or a
+            # stop string before the admission was applied): its lane still retires.
+            req.retire_pending = True
+            return
+        req.status = Status.RUNNING
+        req.prefilled = adm.seed.prefix_len if adm.seed else 0
+        req.prefill_end = adm.prefill_end
+        req.replay = adm.replay
+        req.replay_pending = adm.replay > 0
+        req.lane_finished = False
+        req.retire_pending = False
+
+    def _apply_prefills(self, tick: ScheduledTick, shed: abi.ShedReport) -> None:
+        """Lanes advance by the chunks planned, less what the executor shed of them."""
         dropped: dict[int, int] = {}
-        for e in events.shed.entries:
+        for e in shed.entries:
             if e.kind == abi.ShedKind.PREFILL_CHUNK:
                 dropped[e.lane_tag] = dropped.get(e.lane_tag, 0) + e.tokens
         for tag, n in tick.prefills.items():
@@ -323,12 +347,10 @@ class Scheduler:
             if req is not None:
                 req.prefilled += n - dropped.get(tag, 0)
 
-        updates: dict[int, RequestUpdate] = {}
-
-        def upd(req: Request) -> RequestUpdate:
-            return updates.setdefault(id(req), RequestUpdate(req))
-
-        for f in events.faults:
+    def _apply_faults(self, faults: list[abi.LaneFault], updates: dict[int, RequestUpdate]) -> None:
+        """A faulted lane is gone; its request is retried (a tentative OOM, a few
+        times) or fails, alone."""
+        for f in faults:
             req = self.running.pop(f.lane_tag, None)
             if req is None or req.is_finished:
                 continue
@@ -336,56 +358,45 @@ class Scheduler:
             if f.code == abi.FaultCode.OOM_TENTATIVE and req.num_oom_retries < self.config.max_oom_retries:
                 req.num_oom_retries += 1
                 self._requeue(req)
+                continue
+            if f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
+                self.finish(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
             else:
                 name = abi.FaultCode(f.code).name if f.code in abi.FaultCode._value2member_map_ else str(f.code)
-                if f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
-                    self.finish(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
-                else:
-                    self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
-                upd(req).finished = True
+                self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
+            _update_of(updates, req).finished = True
 
-        for plp in events.prompt_logprobs:
-            req = self.running.get(plp.lane_tag)
-            if req is not None:
-                req.prompt_scores[plp.position] = plp
-
-        logprobs: dict[int, list[abi.LaneLogprob]] = {}
-        for lp in events.logprobs:
-            logprobs.setdefault(lp.lane_tag, []).append(lp)
-
-        for emit in events.emits:
-            req = self.running.get(emit.lane_tag)
-            if req is None:
-                continue
-            if emit.spec.proposed:
-                self.stats.spec_proposed += emit.spec.proposed
-                self.stats.spec_accepted += emit.spec.accepted
-            if emit.logits_row.length and not req.is_finished:
-                # A host lane's row: copied now, before the next tick rewrites the ring.
-                req.replay_pending = False
-                self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
-            tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
-            self.stats.generation_tokens += len(tokens)
-            if emit.finish != abi.Finish.NONE:
-                req.lane_finished = True
-            if tokens:
-                req.replay_pending = False
-            if req.is_finished:
-                continue  # a stop string ended it mid-tick; the rest is discarded
-            u = upd(req)
-            lps = logprobs.get(emit.lane_tag, [])
-            for i, token in enumerate(tokens[streamed.get(emit.lane_tag, 0) :]):
-                u.new_token_ids.append(token)
-                if i < len(lps):
-                    u.new_logprobs.append(lps[i])
-                if not self._accept(req, token):
-                    break
-            if not req.is_finished and emit.finish != abi.Finish.NONE:
-                self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
-            u.finished = req.is_finished
-
-        self._note_memory(events.mem)
-        return list(updates.values())
+    def _apply_emit(
+        self, req: Request, emit: abi.LaneEmit, lps: list[abi.LaneLogprob], streamed: dict[int, int],
+        updates: dict[int, RequestUpdate],
+    ) -> None:
+        """One lane's emit: a host lane's row goes to its callbacks; tokens not already
+        streamed are accepted (until one finishes the request); a finish ends it."""
+        if emit.spec.proposed:
+            self.stats.spec_proposed += emit.spec.proposed
+            self.stats.spec_accepted += emit.spec.accepted
+        if emit.logits_row.length and not req.is_finished:
+            # A host lane's row: copied now, before the next tick rewrites the ring.
+            req.replay_pending = False
+            self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
+        tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
+        self.stats.generation_tokens += len(tokens)
+        if emit.finish != abi.Finish.NONE:
+            req.lane_finished = True
+        if tokens:
+            req.replay_pending = False
+        if req.is_finished:
+            return  # a stop string ended it mid-tick; the rest is discarded
+        u = _update_of(updates, req)
+        for i, token in enumerate(tokens[streamed.get(emit.lane_tag, 0) :]):
+            u.new_token_ids.append(token)
+            if i < len(lps):
+                u.new_logprobs.append(lps[i])
+            if not self._accept(req, token):
+                break
+        if not req.is_finished and emit.finish != abi.Finish.NONE:
+            self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
+        u.finished = req.is_finished
 
     def _host_picks(self) -> list[RequestUpdate]:
         """Accept the tokens host callbacks picked; a failed callback fails its request."""
