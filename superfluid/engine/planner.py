@@ -16,6 +16,7 @@ from typing import Callable
 from .. import abi
 from ..pages import cells_added, cells_for
 from .config import SchedulerConfig
+from .handles import Seed
 from .priority import PriorityPolicy
 from .request import Request, Status, next_lane_tag
 
@@ -30,12 +31,6 @@ class Limits:
     rounds: int | None = None
     prefill_budget: int | None = None
     use_seeds: bool = True
-
-
-@dataclass(frozen=True)
-class Seed:
-    handle: int
-    prefix_len: int
 
 
 @dataclass
@@ -272,9 +267,9 @@ class Planner:
                 rng_counter_base=req.rng_base,
                 decode_replay=replay,
                 strategy_slot=self._strategy_slot,
-                grammar_handle=req.grammar_handle,
-                grammar_replay=replay if req.grammar_handle else 0,
-                logit_bias_handle=req.logit_bias_handle,
+                grammar_handle=req.handles.grammar,
+                grammar_replay=replay if req.handles.grammar else 0,
+                logit_bias_handle=req.handles.logit_bias,
                 seed_handle=seed.handle if seed else 0,
                 determinism_class=self.config.determinism_class,
                 want_logprobs=p.want_logprobs(),

@@ -28,7 +28,8 @@ from ..pages import cells_for
 from .config import SchedulerConfig
 from .host_pick import HostPickError
 from .host_sampling import HostSampler
-from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
+from .handles import Seed
+from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView
 from . import cache_keys
 from .priority import PriorityPolicy
 from .request import FinishReason, Request, Status
@@ -110,12 +111,12 @@ class Scheduler:
         self.policy.order(self.waiting)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        """End a request (stop string, abort); a live lane retires at the next tick."""
+        """End a request (stop string, abort), releasing its handles; a live lane
+        retires at the next tick."""
         was_waiting = req.status is Status.WAITING
         req.finish(reason, error)
         if was_waiting and req in self.waiting:
             self.waiting.remove(req)
-        self._release_handles(req)
 
     def detach(self, req: Request) -> None:
         """The request leaves this engine unfinished (handed over): its lane, if any,
@@ -125,8 +126,7 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         req.lane_tag = None
-        req.finish(FinishReason.ABORT, "handed over")
-        self._release_handles(req)
+        req.finish(FinishReason.ABORT, "handed over")  # releases its handles
 
     def flush_retires(self) -> None:
         """Run the pending retires now, in a tick of their own (nothing else moves)."""
@@ -165,9 +165,9 @@ class Scheduler:
         def lease(req: Request) -> Seed | None:
             if req.params.prompt_logprobs is not None:
                 return None  # every prompt token is scored from a row of its own prefill
-            if req.adopted_seed is not None:  # a handed-over lane's KV, adopted for it
-                leases[id(req)] = req.adopted_seed
-                return req.adopted_seed
+            if req.handles.adopted is not None:  # a handed-over lane's KV, adopted for it
+                leases[id(req)] = req.handles.adopted
+                return req.handles.adopted
             if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
                 # A cached prefix was computed along another path (chunking, batch company):
                 # on a runtime whose rows depend on that, a seeded request prefills afresh so
@@ -191,7 +191,7 @@ class Scheduler:
             # with goes back now, not at its TTL (the pool must stay evictable).
             # (An adopted seed stays with its request until an admit takes it.)
             for seed in leases.values():
-                if seed is not None and seed.handle not in used and not any(r.adopted_seed is seed for r in self.waiting):
+                if seed is not None and seed.handle not in used and not any(r.handles.adopted is seed for r in self.waiting):
                     self.ex.release_seed(seed.handle)
 
     def _plan_and_run(self, limits: Limits, lease, used: set[int], on_token) -> list[RequestUpdate]:
@@ -226,7 +226,7 @@ class Scheduler:
             if out.status == abi.Status.OK:
                 used.update(a.seed.handle for a in tick.admissions if a.seed is not None)
                 for a in tick.admissions:
-                    a.request.adopted_seed = None
+                    a.request.handles.adopted_taken()
                 return self._take_failed() + self.update(tick, out.events, streamed)
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
@@ -478,11 +478,15 @@ class Scheduler:
             return limits
         raise SchedulerError("NeedsReplan with nothing left to give up")
 
+    def use_strategy(self, slot: int) -> None:
+        """Admit lanes into the executor's speculative strategy at ``slot`` (0: none)."""
+        self.planner.use_strategy(slot)
+
     def lanes_lost(self) -> list[Request]:
         """The executor is gone (its worker died) and a clean one took its place:
         every lane and handle is lost, no request is. Running requests go back to the
         queue to be re-admitted with their tokens replayed; returns every live
-        request, whose handles the engine registers anew."""
+        request, whose handles the engine renews."""
         live = [r for r in self.running.values() if not r.is_finished]
         self.running.clear()
         self._orphans = []
@@ -518,19 +522,3 @@ class Scheduler:
         req.lane_finished = False
         req.retire_pending = False
         self.add(req)
-
-    def _release_handles(self, req: Request) -> None:
-        # The executor copied the bias into the lane and borrowed the grammar with a
-        # lane handle of its own, so the owner's handles may go while the lane lives.
-        bias, grammar = req.logit_bias_handle, req.grammar_handle
-        req.logit_bias_handle = req.grammar_handle = 0
-        adopted, req.adopted_seed = req.adopted_seed, None
-        try:
-            if adopted is not None:
-                self.ex.release_seed(adopted.handle)
-            if bias:
-                self.ex.release_logit_bias(bias)
-            if grammar:
-                self.ex.release_grammar(grammar)
-        except Exception:  # a lost worker took its handles with it; the next step recovers
-            pass
