@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Callable
 
+from ..executor import SpecConfig
 from . import cache_keys
 from .choice import ChoiceState
 from .config import EngineConfig
@@ -139,8 +140,6 @@ class Engine:
         # Not on an exact_only runtime (recurrent state): a draft the model rejects must be cut
         # back, and such a state refuses a partial truncate.
         if self.config.scheduler.speculative and not self.desc.exact_only:
-            from ..executor import SpecConfig
-
             self.scheduler.use_strategy(self.ex.load_strategy(SpecConfig()))
 
     def recover(self) -> None:
