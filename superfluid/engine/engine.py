@@ -20,7 +20,7 @@ from .choice import ChoiceState
 from .config import EngineConfig
 from .outputs import Delta
 from .params import ParamError, SamplingParams
-from .planner import Seed
+from .handles import RequestHandles, Seed
 from .request import ChoiceStart, FinishReason, Request, Status, rng_base
 from .scheduler import Scheduler
 
@@ -104,7 +104,10 @@ class Engine:
         reqs: list[Request] = []
         try:
             for c in choices:
-                req = Request(
+                adopted = Seed(*c.seed) if c.seed is not None else None
+                # One set per choice: a plan may name a grammar handle once.
+                handles = RequestHandles.acquire(self.ex, params, adopted)
+                reqs.append(Request(
                     request_id=f"{request_id}-{c.index}",
                     prompt_token_ids=list(map(int, prompt_token_ids)),
                     params=params,
@@ -115,20 +118,11 @@ class Engine:
                     output_token_ids=list(c.token_ids),
                     cache_key=cache_keys.key_hash(params.prompt_cache_key, params.prompt_cache_retention),
                     cache_retention=cache_keys.retention_class(params.prompt_cache_key, params.prompt_cache_retention),
-                )
-                if c.seed is not None:
-                    req.adopted_seed = Seed(*c.seed)
-                reqs.append(req)
-                if params.logit_bias:
-                    req.logit_bias_handle = self.ex.register_logit_bias(
-                        {int(k): float(v) for k, v in params.logit_bias.items()}
-                    )
-                if params.grammar is not None:
-                    # One handle per choice: a plan may name a grammar handle once.
-                    req.grammar_handle = self._compile(params.grammar.kind, params.grammar.source)
+                    handles=handles,
+                ))
         except BaseException:
             for req in reqs:
-                self.scheduler._release_handles(req)
+                req.handles.release()
             raise
         self._groups[request_id] = reqs
         for req in reqs:
@@ -145,7 +139,7 @@ class Engine:
         # Not on an exact_only runtime (recurrent state): a draft the model rejects must be cut
         # back, and such a state refuses a partial truncate.
         if self.config.scheduler.speculative and not self.desc.exact_only:
-            self.scheduler.planner.strategy_slot = self.ex.load_strategy(SpecConfig())
+            self.scheduler.use_strategy(self.ex.load_strategy(SpecConfig()))
 
     def recover(self) -> None:
         """After the executor was lost: start a clean one and re-admit every live
@@ -153,12 +147,7 @@ class Engine:
         self.supervisor.restart()
         self._load_strategy()
         for req in self.scheduler.lanes_lost():
-            p = req.params
-            req.logit_bias_handle = req.grammar_handle = 0
-            if p.logit_bias:
-                req.logit_bias_handle = self.ex.register_logit_bias({int(k): float(v) for k, v in p.logit_bias.items()})
-            if p.grammar is not None:
-                req.grammar_handle = self.ex.compile_grammar(p.grammar.kind, p.grammar.source)
+            req.handles.renew()
 
     def check_worker(self) -> None:
         """Replace a worker that died while nothing ran (a tick would notice otherwise);
@@ -184,12 +173,6 @@ class Engine:
         ``state`` is ok, starting, restarting, failed or stopped; a worker that has
         exited but is not yet replaced counts as restarting. Safe from any thread."""
         return self.supervisor.health()
-
-    def _compile(self, kind: str, source: str) -> int:
-        try:
-            return self.ex.compile_grammar(kind, source)
-        except ValueError as e:  # GrammarError is a ValueError
-            raise ParamError(f"invalid {kind.replace('_', ' ')}: {e}", "response_format") from e
 
     def fail(self, request_id: str, message: str) -> None:
         """End a request's unfinished choices with an error (e.g. the server stops)."""

@@ -10,8 +10,10 @@ Invariants:
   continues with exactly the tokens it would have produced.
 - ``prefilled`` counts the history tokens the *current* lane holds (a seed's
   prefix counts); it only moves when an executor event says so.
-- Handles (logit bias, grammar) belong to the request and are released when it
-  finishes, never when a lane retires: a preempted request comes back with them.
+- Handles (logit bias, grammar, an adopted lease) belong to the request's
+  ``RequestHandles`` (handles.py), taken when it is submitted and released when it
+  finishes (``finish``), never when a lane retires: a preempted request comes back
+  with them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from .. import abi
 from ..executor.sampling import splitmix64
+from .handles import RequestHandles
 from .params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -116,11 +119,8 @@ class Request:
     host_row_out: bool = False
     host_commit: abi.HostCommit | None = None
 
-    adopted_seed: object | None = None  # a planner Seed over an adopted sequence (a handover), used once
-
-    # handles owned by the request (0: none)
-    logit_bias_handle: int = 0
-    grammar_handle: int = 0
+    # its executor handles, from submission to its end (none for a request made outside an engine)
+    handles: RequestHandles = field(default_factory=RequestHandles)
 
     @property
     def history(self) -> list[int]:
@@ -145,7 +145,8 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     def finish(self, reason: FinishReason, error: str | None = None) -> None:
-        """Mark finished; the scheduler retires a live lane at its next tick."""
+        """Mark finished and release the handles (the one place a request ends, so
+        they go exactly once); the scheduler retires a live lane at its next tick."""
         if self.status is Status.FINISHED:
             return
         self.finish_reason = reason
@@ -153,3 +154,4 @@ class Request:
         if self.lane_tag is not None:
             self.retire_pending = True
         self.status = Status.FINISHED
+        self.handles.release()

@@ -24,10 +24,12 @@ from typing import Callable
 import msgspec
 
 from .. import abi
+from ..pages import cells_for
 from .config import SchedulerConfig
 from .host_pick import HostPickError
 from .host_sampling import HostSampler
-from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView, Seed
+from .handles import Seed
+from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView
 from . import cache_keys
 from .priority import PriorityPolicy
 from .request import FinishReason, Request, Status
@@ -73,6 +75,10 @@ class SchedulerStats:
 
 TokenCallback = Callable[[Request, int], None]
 
+def _update_of(updates: dict[int, RequestUpdate], req: Request) -> RequestUpdate:
+    return updates.setdefault(id(req), RequestUpdate(req))
+
+
 _FINISH = {abi.Finish.EOS: FinishReason.STOP, abi.Finish.LENGTH: FinishReason.LENGTH, abi.Finish.GRAMMAR: FinishReason.STOP}
 
 
@@ -105,12 +111,12 @@ class Scheduler:
         self.policy.order(self.waiting)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
-        """End a request (stop string, abort); a live lane retires at the next tick."""
+        """End a request (stop string, abort), releasing its handles; a live lane
+        retires at the next tick."""
         was_waiting = req.status is Status.WAITING
         req.finish(reason, error)
         if was_waiting and req in self.waiting:
             self.waiting.remove(req)
-        self._release_handles(req)
 
     def detach(self, req: Request) -> None:
         """The request leaves this engine unfinished (handed over): its lane, if any,
@@ -120,8 +126,7 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         req.lane_tag = None
-        req.finish(FinishReason.ABORT, "handed over")
-        self._release_handles(req)
+        req.finish(FinishReason.ABORT, "handed over")  # releases its handles
 
     def flush_retires(self) -> None:
         """Run the pending retires now, in a tick of their own (nothing else moves)."""
@@ -160,9 +165,9 @@ class Scheduler:
         def lease(req: Request) -> Seed | None:
             if req.params.prompt_logprobs is not None:
                 return None  # every prompt token is scored from a row of its own prefill
-            if req.adopted_seed is not None:  # a handed-over lane's KV, adopted for it
-                leases[id(req)] = req.adopted_seed
-                return req.adopted_seed
+            if req.handles.adopted is not None:  # a handed-over lane's KV, adopted for it
+                leases[id(req)] = req.handles.adopted
+                return req.handles.adopted
             if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
                 # A cached prefix was computed along another path (chunking, batch company):
                 # on a runtime whose rows depend on that, a seeded request prefills afresh so
@@ -186,7 +191,7 @@ class Scheduler:
             # with goes back now, not at its TTL (the pool must stay evictable).
             # (An adopted seed stays with its request until an admit takes it.)
             for seed in leases.values():
-                if seed is not None and seed.handle not in used and not any(r.adopted_seed is seed for r in self.waiting):
+                if seed is not None and seed.handle not in used and not any(r.handles.adopted is seed for r in self.waiting):
                     self.ex.release_seed(seed.handle)
 
     def _plan_and_run(self, limits: Limits, lease, used: set[int], on_token) -> list[RequestUpdate]:
@@ -221,7 +226,7 @@ class Scheduler:
             if out.status == abi.Status.OK:
                 used.update(a.seed.handle for a in tick.admissions if a.seed is not None)
                 for a in tick.admissions:
-                    a.request.adopted_seed = None
+                    a.request.handles.adopted_taken()
                 return self._take_failed() + self.update(tick, out.events, streamed)
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
@@ -280,8 +285,8 @@ class Scheduler:
 
     # ------------------------------------------------------------ events
     def update(self, tick: ScheduledTick, events: abi.TickEvents, streamed: dict[int, int] | None = None) -> list[RequestUpdate]:
-        """Apply an accepted tick's events. Usable with hand-made events in tests."""
-        streamed = streamed or {}
+        """Apply an accepted tick's events. Usable with hand-made events in tests.
+        ``streamed``: tokens per lane already taken through the partial-emit callback."""
         self.stats.ticks += 1
         self._orphans = []
         self._orphan_cells = 0
@@ -291,31 +296,51 @@ class Scheduler:
             req = self.running.get(c.lane_tag)
             if req is not None and req.host_commit is c:
                 req.host_commit = None
-
         for adm in tick.admissions:
-            req = adm.request
-            self._count_admission(adm)
-            self.stats.prefix_hit_tokens += adm.seed.prefix_len if adm.seed else 0
-            if req in self.waiting:
-                self.waiting.remove(req)
-            req.lane_tag = adm.lane_tag
-            if req.is_finished:
-                # It finished within this very tick (a partial emit hit max_tokens or a
-                # stop string before the admission was applied): its lane still retires.
-                req.retire_pending = True
-                self.running[adm.lane_tag] = req
-                continue
-            req.status = Status.RUNNING
-            req.prefilled = adm.seed.prefix_len if adm.seed else 0
-            req.prefill_end = adm.prefill_end
-            req.replay = adm.replay
-            req.replay_pending = adm.replay > 0
-            req.lane_finished = False
-            req.retire_pending = False
-            self.running[adm.lane_tag] = req
+            self._apply_admission(adm)
+        self._apply_prefills(tick, events.shed)
+        updates: dict[int, RequestUpdate] = {}  # id(request) -> its update, first event first
+        self._apply_faults(events.faults, updates)
+        for plp in events.prompt_logprobs:
+            req = self.running.get(plp.lane_tag)
+            if req is not None:
+                req.prompt_scores[plp.position] = plp
+        logprobs: dict[int, list[abi.LaneLogprob]] = {}
+        for lp in events.logprobs:
+            logprobs.setdefault(lp.lane_tag, []).append(lp)
+        for emit in events.emits:
+            req = self.running.get(emit.lane_tag)
+            if req is not None:
+                self._apply_emit(req, emit, logprobs.get(emit.lane_tag, []), streamed or {}, updates)
+        self._note_memory(events.mem)
+        return list(updates.values())
 
+    def _apply_admission(self, adm: Admission) -> None:
+        """The request now holds its lane, prefilled as far as its seed reaches."""
+        req = adm.request
+        self._count_admission(adm)
+        self.stats.prefix_hit_tokens += adm.seed.prefix_len if adm.seed else 0
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.lane_tag = adm.lane_tag
+        self.running[adm.lane_tag] = req
+        if req.is_finished:
+            # It finished within this very tick (a partial emit hit max_tokens or a
+            # stop string before the admission was applied): its lane still retires.
+            req.retire_pending = True
+            return
+        req.status = Status.RUNNING
+        req.prefilled = adm.seed.prefix_len if adm.seed else 0
+        req.prefill_end = adm.prefill_end
+        req.replay = adm.replay
+        req.replay_pending = adm.replay > 0
+        req.lane_finished = False
+        req.retire_pending = False
+
+    def _apply_prefills(self, tick: ScheduledTick, shed: abi.ShedReport) -> None:
+        """Lanes advance by the chunks planned, less what the executor shed of them."""
         dropped: dict[int, int] = {}
-        for e in events.shed.entries:
+        for e in shed.entries:
             if e.kind == abi.ShedKind.PREFILL_CHUNK:
                 dropped[e.lane_tag] = dropped.get(e.lane_tag, 0) + e.tokens
         for tag, n in tick.prefills.items():
@@ -323,12 +348,10 @@ class Scheduler:
             if req is not None:
                 req.prefilled += n - dropped.get(tag, 0)
 
-        updates: dict[int, RequestUpdate] = {}
-
-        def upd(req: Request) -> RequestUpdate:
-            return updates.setdefault(id(req), RequestUpdate(req))
-
-        for f in events.faults:
+    def _apply_faults(self, faults: list[abi.LaneFault], updates: dict[int, RequestUpdate]) -> None:
+        """A faulted lane is gone; its request is retried (a tentative OOM, a few
+        times) or fails, alone."""
+        for f in faults:
             req = self.running.pop(f.lane_tag, None)
             if req is None or req.is_finished:
                 continue
@@ -336,56 +359,45 @@ class Scheduler:
             if f.code == abi.FaultCode.OOM_TENTATIVE and req.num_oom_retries < self.config.max_oom_retries:
                 req.num_oom_retries += 1
                 self._requeue(req)
+                continue
+            if f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
+                self.finish(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
             else:
                 name = abi.FaultCode(f.code).name if f.code in abi.FaultCode._value2member_map_ else str(f.code)
-                if f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
-                    self.finish(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
-                else:
-                    self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
-                upd(req).finished = True
+                self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
+            _update_of(updates, req).finished = True
 
-        for plp in events.prompt_logprobs:
-            req = self.running.get(plp.lane_tag)
-            if req is not None:
-                req.prompt_scores[plp.position] = plp
-
-        logprobs: dict[int, list[abi.LaneLogprob]] = {}
-        for lp in events.logprobs:
-            logprobs.setdefault(lp.lane_tag, []).append(lp)
-
-        for emit in events.emits:
-            req = self.running.get(emit.lane_tag)
-            if req is None:
-                continue
-            if emit.spec.proposed:
-                self.stats.spec_proposed += emit.spec.proposed
-                self.stats.spec_accepted += emit.spec.accepted
-            if emit.logits_row.length and not req.is_finished:
-                # A host lane's row: copied now, before the next tick rewrites the ring.
-                req.replay_pending = False
-                self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
-            tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
-            self.stats.generation_tokens += len(tokens)
-            if emit.finish != abi.Finish.NONE:
-                req.lane_finished = True
-            if tokens:
-                req.replay_pending = False
-            if req.is_finished:
-                continue  # a stop string ended it mid-tick; the rest is discarded
-            u = upd(req)
-            lps = logprobs.get(emit.lane_tag, [])
-            for i, token in enumerate(tokens[streamed.get(emit.lane_tag, 0) :]):
-                u.new_token_ids.append(token)
-                if i < len(lps):
-                    u.new_logprobs.append(lps[i])
-                if not self._accept(req, token):
-                    break
-            if not req.is_finished and emit.finish != abi.Finish.NONE:
-                self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
-            u.finished = req.is_finished
-
-        self._note_memory(events.mem)
-        return list(updates.values())
+    def _apply_emit(
+        self, req: Request, emit: abi.LaneEmit, lps: list[abi.LaneLogprob], streamed: dict[int, int],
+        updates: dict[int, RequestUpdate],
+    ) -> None:
+        """One lane's emit: a host lane's row goes to its callbacks; tokens not already
+        streamed are accepted (until one finishes the request); a finish ends it."""
+        if emit.spec.proposed:
+            self.stats.spec_proposed += emit.spec.proposed
+            self.stats.spec_accepted += emit.spec.accepted
+        if emit.logits_row.length and not req.is_finished:
+            # A host lane's row: copied now, before the next tick rewrites the ring.
+            req.replay_pending = False
+            self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
+        tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
+        self.stats.generation_tokens += len(tokens)
+        if emit.finish != abi.Finish.NONE:
+            req.lane_finished = True
+        if tokens:
+            req.replay_pending = False
+        if req.is_finished:
+            return  # a stop string ended it mid-tick; the rest is discarded
+        u = _update_of(updates, req)
+        for i, token in enumerate(tokens[streamed.get(emit.lane_tag, 0) :]):
+            u.new_token_ids.append(token)
+            if i < len(lps):
+                u.new_logprobs.append(lps[i])
+            if not self._accept(req, token):
+                break
+        if not req.is_finished and emit.finish != abi.Finish.NONE:
+            self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
+        u.finished = req.is_finished
 
     def _host_picks(self) -> list[RequestUpdate]:
         """Accept the tokens host callbacks picked; a failed callback fails its request."""
@@ -467,11 +479,15 @@ class Scheduler:
             return limits
         raise SchedulerError("NeedsReplan with nothing left to give up")
 
+    def use_strategy(self, slot: int) -> None:
+        """Admit lanes into the executor's speculative strategy at ``slot`` (0: none)."""
+        self.planner.use_strategy(slot)
+
     def lanes_lost(self) -> list[Request]:
         """The executor is gone (its worker died) and a clean one took its place:
         every lane and handle is lost, no request is. Running requests go back to the
         queue to be re-admitted with their tokens replayed; returns every live
-        request, whose handles the engine registers anew."""
+        request, whose handles the engine renews."""
         live = [r for r in self.running.values() if not r.is_finished]
         self.running.clear()
         self._orphans = []
@@ -492,8 +508,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.pop(req.lane_tag, None)
-        page = max(1, self.desc.page)
-        self._orphan_cells += -(-req.held_tokens() // page) * page
+        self._orphan_cells += cells_for(req.held_tokens(), self.desc.page)
         # Not published: the point is to give its cells back in this very plan.
         self._orphans.append(abi.LaneRetire(req.lane_tag, publish_to_cache=False))
         req.num_preemptions += 1
@@ -508,19 +523,3 @@ class Scheduler:
         req.lane_finished = False
         req.retire_pending = False
         self.add(req)
-
-    def _release_handles(self, req: Request) -> None:
-        # The executor copied the bias into the lane and borrowed the grammar with a
-        # lane handle of its own, so the owner's handles may go while the lane lives.
-        bias, grammar = req.logit_bias_handle, req.grammar_handle
-        req.logit_bias_handle = req.grammar_handle = 0
-        adopted, req.adopted_seed = req.adopted_seed, None
-        try:
-            if adopted is not None:
-                self.ex.release_seed(adopted.handle)
-            if bias:
-                self.ex.release_logit_bias(bias)
-            if grammar:
-                self.ex.release_grammar(grammar)
-        except Exception:  # a lost worker took its handles with it; the next step recovers
-            pass

@@ -1,0 +1,105 @@
+"""The executor handles a request holds, owned from acquisition to release by one object.
+
+A request may hold three: a logit bias, a compiled grammar, and an adopted lease (a
+handed-over lane's KV, adopted into the executor for it; an admission consumes it).
+``RequestHandles.acquire`` takes them when the request is submitted and ``release``
+gives them back when it ends (``Request.finish`` calls it, whatever ended it: a finish,
+an abort, an error, a handover).
+
+Invariants:
+- every handle acquired is released exactly once: ``release`` forgets what it gave back,
+  so a second call does nothing;
+- never when a lane retires: a preempted request comes back with its handles. The
+  executor copied the bias into the lane and borrowed the grammar with a lane handle of
+  its own, so the request's handles may go while its lane still lives;
+- a lost worker takes every handle with it: ``renew`` forgets them unreleased and
+  acquires new ones from the clean executor that took its place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .params import ParamError, SamplingParams
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A lease on a cache entry (or an adopted sequence) for a prompt's first ``prefix_len`` tokens."""
+
+    handle: int
+    prefix_len: int
+
+
+class RequestHandles:
+    """One request's handles (0 / None: not held). An empty one holds nothing and has no
+    executor: the state of a request made outside an engine, e.g. in a test."""
+
+    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: Seed | None = None):
+        self._ex = executor
+        self._params = params
+        self._logit_bias = 0
+        self._grammar = 0
+        self._adopted = adopted
+
+    @classmethod
+    def acquire(cls, executor, params: SamplingParams, adopted: Seed | None = None) -> RequestHandles:
+        """Take the handles ``params`` asks for (and own ``adopted``). All or none: on a
+        failure (ParamError for a grammar that does not compile) what was taken goes back."""
+        handles = cls(executor, params, adopted)
+        try:
+            handles._take()
+        except BaseException:
+            handles.release()
+            raise
+        return handles
+
+    @property
+    def logit_bias(self) -> int:
+        return self._logit_bias
+
+    @property
+    def grammar(self) -> int:
+        return self._grammar
+
+    @property
+    def adopted(self) -> Seed | None:
+        return self._adopted
+
+    def adopted_taken(self) -> None:
+        """An accepted admit consumed the adopted lease: it is the executor's now."""
+        self._adopted = None
+
+    def renew(self) -> None:
+        """The executor restarted clean (its worker was lost): the old handles died with
+        it, unreleased; take the same ones anew. An adopted sequence is gone as well."""
+        self._logit_bias = self._grammar = 0
+        self._adopted = None
+        if self._ex is not None:
+            self._take()
+
+    def release(self) -> None:
+        """Give every handle back, once."""
+        bias, grammar, adopted = self._logit_bias, self._grammar, self._adopted
+        self._logit_bias = self._grammar = 0
+        self._adopted = None
+        try:
+            if adopted is not None:
+                self._ex.release_seed(adopted.handle)
+            if bias:
+                self._ex.release_logit_bias(bias)
+            if grammar:
+                self._ex.release_grammar(grammar)
+        except Exception:  # a lost worker took its handles with it; the next step recovers
+            pass
+
+    def _take(self) -> None:
+        p = self._params
+        if p.logit_bias:
+            self._logit_bias = self._ex.register_logit_bias({int(k): float(v) for k, v in p.logit_bias.items()})
+        if p.grammar is not None:
+            # One handle per choice: a plan may name a grammar handle once.
+            try:
+                self._grammar = self._ex.compile_grammar(p.grammar.kind, p.grammar.source)
+            except ValueError as e:  # GrammarError is a ValueError
+                raise ParamError(f"invalid {p.grammar.kind.replace('_', ' ')}: {e}", "response_format") from e
