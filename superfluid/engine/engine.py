@@ -228,12 +228,12 @@ class Engine:
                 self._finalize(req)
         return self._out
 
-    def _on_token(self, req: Request, token: int) -> None:
+    def _on_token(self, req: Request, token: int, lp) -> None:
+        """A token streamed from the running tick; the request, if it ends, finishes
+        after the tick (its update says so)."""
         state = self._choices.get(id(req))
         if state is not None:
-            self._process(req, state, token, None)
-            if req.is_finished:
-                self._finalize(req)
+            self._process(req, state, token, lp)
 
     def _process(self, req: Request, state: ChoiceState, token: int, lp) -> None:
         if state.n_processed == 0 and req.first_token_time is None:
@@ -241,7 +241,7 @@ class Engine:
         delta = state.process(token, lp)
         if delta is None:
             return
-        if state.stop.stopped is not None and not req.is_finished:
+        if state.stop.stopped is not None and not req.done:
             self.scheduler.finish(req, FinishReason.STOP)
         self._emit(delta)
 

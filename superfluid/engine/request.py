@@ -100,6 +100,9 @@ class Request:
     replay: int = 0  # decode_replay of the current admission
     replay_pending: bool = False  # a re-admitted lane has not emitted yet
     retire_pending: bool = False  # finished or aborted; the lane goes at the next tick
+    # Ended while a tick ran (a stop string, max_tokens): finished when the tick is over,
+    # so that nothing (handles, lanes) is released while the executor is busy.
+    ending: tuple[FinishReason, str | None] | None = None
     lane_finished: bool = False  # the executor reported a finish for this lane
 
     # accounting
@@ -133,6 +136,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def done(self) -> bool:
+        """Finished, or ending at this tick's end: it takes no more tokens."""
+        return self.status is Status.FINISHED or self.ending is not None
 
     @property
     def prefill_done(self) -> bool:

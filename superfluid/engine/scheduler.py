@@ -73,7 +73,8 @@ class SchedulerStats:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
-TokenCallback = Callable[[Request, int], None]
+# A token picked inside a running tick, with its logprob, for the engine to stream now.
+TokenCallback = Callable[[Request, int, "abi.LaneLogprob | None"], None]
 
 def _update_of(updates: dict[int, RequestUpdate], req: Request) -> RequestUpdate:
     return updates.setdefault(id(req), RequestUpdate(req))
@@ -100,7 +101,9 @@ class Scheduler:
         self._free_cells: int | None = None
         self._failed: list[Request] = []  # failed while re-planning; reported by the step
         self._protected_quota = 0  # bytes of keyed cache entries the plans protect
-        self._picked: list[RequestUpdate] = []  # host-picked tokens, reported by the step
+        self._carried: list[RequestUpdate] = []  # host picks and tick-end finishes, reported by the step
+        self._ticking = False  # a tick runs: finishes wait for its end (see finish)
+        self._ending: list[Request] = []
         self.draining = False
         self.stats = SchedulerStats()
 
@@ -112,7 +115,14 @@ class Scheduler:
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """End a request (stop string, abort), releasing its handles; a live lane
-        retires at the next tick."""
+        retires at the next tick. While a tick runs (a token streamed from it ended the
+        request) the request only stops taking tokens: it finishes when the tick is
+        over, so requests finish between ticks only."""
+        if self._ticking:
+            if not req.done:
+                req.ending = (reason, error)
+                self._ending.append(req)
+            return
         was_waiting = req.status is Status.WAITING
         req.finish(reason, error)
         if was_waiting and req in self.waiting:
@@ -149,12 +159,12 @@ class Scheduler:
 
     # ------------------------------------------------------------ one step
     def step(self, on_token: TokenCallback | None = None) -> list[RequestUpdate]:
-        """Plan, run and apply one tick. ``on_token`` receives tokens as they are
-        picked (PARTIAL_EMITS) for requests that do not want logprobs; the rest
-        come back in the returned updates."""
+        """Plan, run and apply one tick. With ``on_token`` the tick's tokens reach it as
+        they are picked (partial emits, logprobs included); without, they come back in
+        the returned updates. Either way a request finishes between ticks."""
         self.host.wait(idle=False)
         # Kept until a step returns: a tick that raises (a lost worker) must not lose them.
-        self._picked += self._host_picks()
+        self._carried += self._host_picks()
         if self.config.prefix_caching and self.waiting and any(r.retire_pending for r in self.running.values()):
             # Publish finished lanes before leasing, so a request that shares their
             # prefix (the next turn, a resent prompt) is seeded from them.
@@ -184,8 +194,8 @@ class Scheduler:
         used: set[int] = set()  # lease handles the accepted tick's admits consumed
         try:
             updates = self._plan_and_run(limits, lease, used, on_token)
-            picked, self._picked = self._picked, []
-            return picked + updates
+            carried, self._carried = self._carried, []
+            return carried + updates
         finally:
             # A lease pins its cache entry: one a request leased but was not admitted
             # with goes back now, not at its TTL (the pool must stay evictable).
@@ -215,19 +225,12 @@ class Scheduler:
                 limits.max_admits = 0  # not this tick: the preempted request would come right back
                 continue
             self.rings.set_latency_wanted(tick.latency_sensitive)
-            streamed: dict[int, int] = {}
-            callback = None
             if self._protected_quota:
                 tick.plan = msgspec.structs.replace(tick.plan, protected_quota_bytes=self._protected_quota)
-            if on_token is not None and self.config.partial_emits and tick.decodes:
-                tick.plan = msgspec.structs.replace(tick.plan, flags=tick.plan.flags | abi.TickFlag.PARTIAL_EMITS)
-                callback = self._partial_callback(tick, on_token, streamed)
-            out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
+            out, updates = self._run(tick, on_token)
             if out.status == abi.Status.OK:
                 used.update(a.seed.handle for a in tick.admissions if a.seed is not None)
-                for a in tick.admissions:
-                    a.request.handles.adopted_taken()
-                return self._take_failed() + self.update(tick, out.events, streamed)
+                return self._take_failed() + updates
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
                 limits = self._relieve(tick, limits)
@@ -263,30 +266,80 @@ class Scheduler:
             draining=self.draining,
         )
 
-    def _partial_callback(self, tick: ScheduledTick, on_token: TokenCallback, streamed: dict[int, int]):
+    def _run(self, tick: ScheduledTick, on_token: TokenCallback | None) -> tuple[abi.TickOutcome, list[RequestUpdate]]:
+        """Run the tick and apply its events. One path carries its tokens: the partial
+        emits (streamed as they are picked) when the engine streams, else the events.
+        Requests it ends finish after it, between ticks."""
+        partial = self._streams_tokens(tick, on_token)
+        callback = None
+        if partial:
+            tick.plan = msgspec.structs.replace(tick.plan, flags=tick.plan.flags | abi.TickFlag.PARTIAL_EMITS)
+            callback = self._streamer(tick, on_token)
+        self._ticking = True
+        updates: dict[int, RequestUpdate] = {}
+        applied = False
+        try:
+            out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
+            if out.status == abi.Status.OK:
+                for a in tick.admissions:
+                    a.request.handles.adopted_taken()
+                self.update(tick, out.events, updates, tokens_streamed=partial)
+            applied = True
+        finally:
+            self._ticking = False
+            for req in self._end_requests():
+                _update_of(updates, req).finished = True
+            if not applied:  # the tick raised (a lost worker): what it ended goes out with the next step
+                self._carried += list(updates.values())
+        return out, list(updates.values()) if out.status == abi.Status.OK else []
+
+    def _streams_tokens(self, tick: ScheduledTick, on_token: TokenCallback | None) -> bool:
+        """Whether this tick's tokens go out as partial emits: when the engine streams,
+        unless a lane scores its prompt in it (prompt logprobs come in the events, and
+        go out with the first token)."""
+        if on_token is None or not self.config.partial_emits or not tick.decodes:
+            return False
+        scoring = [self.running[t] for t in tick.prefills if t in self.running] + [a.request for a in tick.admissions]
+        return not any(r.params.prompt_logprobs is not None for r in scoring)
+
+    def _end_requests(self) -> list[Request]:
+        """Requests that ended while the tick ran finish now, between ticks."""
+        ending, self._ending = self._ending, []
+        for req in ending:
+            reason, error = req.ending
+            req.ending = None
+            self.finish(req, reason, error)
+        return ending
+
+    def _streamer(self, tick: ScheduledTick, on_token: TokenCallback):
         by_tag = {a.lane_tag: a.request for a in tick.admissions}
         by_tag.update(self.running)
         admitted = {a.lane_tag: a for a in tick.admissions}
 
         def cb(emit: abi.PartialEmit) -> None:
-            lane_tag, token = emit.lane_tag, emit.token
-            req = by_tag.get(lane_tag)
-            if lane_tag in admitted:  # usage may go out with this very token
-                self._count_admission(admitted[lane_tag])
-            # Requests that want logprobs wait for the tick's end, where logprobs come.
-            if req is None or req.is_finished or req.params.logprobs is not None or req.params.prompt_logprobs is not None:
-                return
-            streamed[lane_tag] = streamed.get(lane_tag, 0) + 1
-            req.replay_pending = False
-            self._accept(req, token)
-            on_token(req, token)
+            req = by_tag.get(emit.lane_tag)
+            if emit.lane_tag in admitted:  # usage may go out with this very token
+                self._count_admission(admitted[emit.lane_tag])
+            if req is not None and self._arrive(req, emit.token):
+                on_token(req, emit.token, emit.logprob)
 
         return cb
 
+    def _arrive(self, req: Request, token: int) -> bool:
+        """A generated token reaches its request, by whichever path its tick carries
+        tokens. False: the request had already ended, and the token is dropped."""
+        if req.done:
+            return False
+        req.replay_pending = False
+        self._accept(req, token)
+        return True
+
     # ------------------------------------------------------------ events
-    def update(self, tick: ScheduledTick, events: abi.TickEvents, streamed: dict[int, int] | None = None) -> list[RequestUpdate]:
+    def update(self, tick: ScheduledTick, events: abi.TickEvents, updates: dict[int, RequestUpdate] | None = None,
+               tokens_streamed: bool = False) -> list[RequestUpdate]:
         """Apply an accepted tick's events. Usable with hand-made events in tests.
-        ``streamed``: tokens per lane already taken through the partial-emit callback."""
+        ``tokens_streamed``: the tick's tokens came as partial emits, so the events'
+        tokens are not taken again (only counted)."""
         self.stats.ticks += 1
         self._orphans = []
         self._orphan_cells = 0
@@ -299,7 +352,7 @@ class Scheduler:
         for adm in tick.admissions:
             self._apply_admission(adm)
         self._apply_prefills(tick, events.shed)
-        updates: dict[int, RequestUpdate] = {}  # id(request) -> its update, first event first
+        updates = {} if updates is None else updates  # id(request) -> its update, first event first
         self._apply_faults(events.faults, updates)
         for plp in events.prompt_logprobs:
             req = self.running.get(plp.lane_tag)
@@ -311,7 +364,7 @@ class Scheduler:
         for emit in events.emits:
             req = self.running.get(emit.lane_tag)
             if req is not None:
-                self._apply_emit(req, emit, logprobs.get(emit.lane_tag, []), streamed or {}, updates)
+                self._apply_emit(req, emit, [] if tokens_streamed else logprobs.get(emit.lane_tag, []), tokens_streamed, updates)
         self._note_memory(events.mem)
         return list(updates.values())
 
@@ -353,7 +406,7 @@ class Scheduler:
         times) or fails, alone."""
         for f in faults:
             req = self.running.pop(f.lane_tag, None)
-            if req is None or req.is_finished:
+            if req is None or req.done:
                 continue
             req.lane_tag = None  # the executor dropped the lane: nothing to retire
             if f.code == abi.FaultCode.OOM_TENTATIVE and req.num_oom_retries < self.config.max_oom_retries:
@@ -368,34 +421,32 @@ class Scheduler:
             _update_of(updates, req).finished = True
 
     def _apply_emit(
-        self, req: Request, emit: abi.LaneEmit, lps: list[abi.LaneLogprob], streamed: dict[int, int],
+        self, req: Request, emit: abi.LaneEmit, lps: list[abi.LaneLogprob], tokens_streamed: bool,
         updates: dict[int, RequestUpdate],
     ) -> None:
-        """One lane's emit: a host lane's row goes to its callbacks; tokens not already
-        streamed are accepted (until one finishes the request); a finish ends it."""
+        """One lane's emit: a host lane's row goes to its callbacks; its tokens arrive
+        (unless they came as partial emits) until one ends the request; a finish ends it."""
         if emit.spec.proposed:
             self.stats.spec_proposed += emit.spec.proposed
             self.stats.spec_accepted += emit.spec.accepted
-        if emit.logits_row.length and not req.is_finished:
+        if emit.logits_row.length and not req.done:
             # A host lane's row: copied now, before the next tick rewrites the ring.
             req.replay_pending = False
             self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
-        tokens = self.rings.read_emits(emit.token_ref) if emit.n_tokens else []
-        self.stats.generation_tokens += len(tokens)
+        self.stats.generation_tokens += emit.n_tokens
         if emit.finish != abi.Finish.NONE:
             req.lane_finished = True
-        if tokens:
-            req.replay_pending = False
-        if req.is_finished:
-            return  # a stop string ended it mid-tick; the rest is discarded
+        if req.done:
+            return  # it ended within this tick; the rest is discarded
         u = _update_of(updates, req)
-        for i, token in enumerate(tokens[streamed.get(emit.lane_tag, 0) :]):
+        tokens = [] if tokens_streamed or not emit.n_tokens else self.rings.read_emits(emit.token_ref)
+        for i, token in enumerate(tokens):
+            if not self._arrive(req, token):
+                break
             u.new_token_ids.append(token)
             if i < len(lps):
                 u.new_logprobs.append(lps[i])
-            if not self._accept(req, token):
-                break
-        if not req.is_finished and emit.finish != abi.Finish.NONE:
+        if not req.done and emit.finish != abi.Finish.NONE:
             self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
         u.finished = req.is_finished
 

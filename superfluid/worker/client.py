@@ -72,12 +72,10 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
         self.restarts: list[float] = []  # restart times within restart_window
         self.restart_count = 0  # every restart since start
         self.last_exit: int | None = None
-        # A tick's partial-emit callback may end a request (max_tokens, a stop string),
-        # which releases its handles. The worker is busy with that tick and answers in
-        # order, so a call made then would take the tick's reply for its own: releases
-        # wait here until the tick's reply is in, other calls are refused.
+        # The worker is busy with a tick and answers in order, so a call made from a
+        # partial-emit callback would take the tick's reply for its own: it is refused.
+        # (Requests finish between ticks, so nothing needs to call then.)
         self._in_tick = False
-        self._deferred: list[tuple[ops.Op, msgspec.Struct]] = []
 
     # ------------------------------------------------------------- lifecycle
     @property
@@ -88,7 +86,6 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
         """Start a worker, learn its runtime, and hand it the rings (made on first start
         to the runtime's vocabulary; a restarted worker finds the same ones)."""
         self.state = "starting"
-        self._deferred = []  # handles of a lost worker went with it
         parent, child = socket.socketpair()
         runtime = json.dumps({"kind": self.config.runtime, "args": dict(self.config.runtime_args)})
         cmd = [sys.executable, "-m", "superfluid.worker", "--fd", str(child.fileno()),
@@ -236,9 +233,6 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
 
     def _call(self, op: ops.Op, args: msgspec.Struct, timeout: float | None = None) -> Any:
         if self._in_tick:
-            if op.waits_for_tick:
-                self._deferred.append((op, args))
-                return None
             raise RuntimeError(f"{op.name!r} called while a tick runs (from a partial-emit callback)")
         if self.sock is None:
             raise WorkerLost("the worker is not running")
@@ -266,16 +260,10 @@ class WorkerClient(ExecutorInterface, WorkerControl, Supervised):
         self._in_tick = True
         try:
             reply = self._wait(on_partial_emit, None, True)
-        except WorkerLost:
-            self._deferred = []
-            raise
         finally:
             self._in_tick = False
         if not isinstance(reply, wire.TickReply):
             raise self._lost(f"the worker answered a tick with {reply!r}")
-        deferred, self._deferred = self._deferred, []
-        for op, args in deferred:
-            self._call(op, args)
         return reply.outcome
 
 

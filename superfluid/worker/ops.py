@@ -59,9 +59,6 @@ class Op:
     args: type[msgspec.Struct]  # tagged with the name; fields: the parameters
     signature: inspect.Signature
     doc: str | None
-    # A release may be called while a tick runs (a partial-emit callback finishing a
-    # request): it waits for the tick's reply. Every other call then is refused.
-    waits_for_tick: bool = False
     decode_args: Callable[[dict[str, Any]], dict[str, Any]] = _same  # worker: wire -> the method's arguments
     encode_result: Callable[[Any], Any] = _same  # worker: the method's result -> wire
 
@@ -93,12 +90,12 @@ def _exported(got: tuple[list[int], Any] | None) -> tuple[list[int], Any] | None
 _EX, _W = ExecutorInterface, WorkerControl
 OPS: tuple[Op, ...] = (
     _op(_EX, "lease_seed", SeedHandle | None),
-    _op(_EX, "release_seed", None, waits_for_tick=True),
+    _op(_EX, "release_seed", None),
     _op(_EX, "adopt", SeedHandle, decode_args=_adopt_args),
     _op(_EX, "register_logit_bias", int),
-    _op(_EX, "release_logit_bias", None, waits_for_tick=True),
+    _op(_EX, "release_logit_bias", None),
     _op(_EX, "compile_grammar", int),
-    _op(_EX, "release_grammar", None, waits_for_tick=True),
+    _op(_EX, "release_grammar", None),
     _op(_EX, "load_strategy", int),
     _op(_EX, "inject_fault", None),
     _op(_EX, "export_entries", list[int]),
