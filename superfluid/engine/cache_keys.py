@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 
 from ..executor.cache import Retention
-from .params import ParamError
+from .errors import ParamError
 
 RETENTIONS = {"in_memory": Retention.IN_MEMORY, "24h": Retention.EXTENDED}
 MAX_KEY_CHARS = 1024

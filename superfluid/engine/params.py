@@ -14,19 +14,13 @@ from typing import Callable, Sequence
 
 from .. import abi
 from ..abi import MAX_TOP_LOGPROBS
+from .cache_keys import check as check_cache_key
+from .errors import ParamError
 
 
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string (each is searched for in every delta)
 MAX_STOP_TOKEN_IDS = 64
-
-class ParamError(ValueError):
-    """A parameter outside its range; ``param`` names it as OpenAI's error body does."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -123,7 +117,6 @@ class SamplingParams:
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
             raise ParamError(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.prompt_logprobs}",
                              "logprobs")
-        from .cache_keys import check as check_cache_key
 
         check_cache_key(self.prompt_cache_key, self.prompt_cache_retention)
         if any(not s for s in self.stop):

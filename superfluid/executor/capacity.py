@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..abi import CacheClass, LaneAdmit, Status, TickPlan
+from ..pages import cells_added, cells_for
 from .cache import CacheEntry
 from .context import TickContext
 from .validate import Checked, Reject
@@ -24,11 +25,6 @@ class Fit:
 
     taken_over: set[int] = field(default_factory=set)  # lease handles whose entry a lane takes over
     victims: list[CacheEntry] = field(default_factory=list)
-
-
-def pages_of(tokens: int, page: int) -> int:
-    """Cells of the whole pages that hold ``tokens``."""
-    return -(-tokens // page) * page
 
 
 class _Leased:
@@ -123,10 +119,10 @@ def _cells_needed(c: TickContext, leased: _Leased, fit: Fit, page: int) -> int:
             continue
         keep = leased.keep(a)
         if e.seq is None:
-            copies += pages_of(keep, page)
+            copies += cells_for(keep, page)
             import_excess = max(import_excess, len(e.tokens) - keep)
         elif not c.desc.copy_shares_cells:
-            copies += pages_of(keep, page)
+            copies += cells_for(keep, page)
         elif keep % page:
             copies += page  # a sharing copy copies only its partial last page
     # Prefills and decodes in whole blocks: a lane holding h tokens that adds n takes
@@ -140,7 +136,7 @@ def _cells_needed(c: TickContext, leased: _Leased, fit: Fit, page: int) -> int:
             h = leased.keep(a)
         else:
             h = 0
-        work += pages_of(h + n, page) - pages_of(h, page)
+        work += cells_added(h, n, page)
     publishing = sum(
         1 for r in chk.live_retires if r.publish_to_cache and c.lanes[r.lane_tag].pending_input is not None
     )
