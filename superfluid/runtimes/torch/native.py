@@ -1,8 +1,21 @@
-"""The forward on the native CPU kernels (kernels.c), when the runtime is built with
-``quant`` ("q8_0" or "q4_1"): a layer is nine native calls instead of ~30 torch ops, which
-is what a one-token decode step is made of; a decode-only step of at most QROWS lanes runs
-all its layers in one native call (sf_decode: the same functions, no Python between them),
-and so does every step on the invariant (default) route.
+"""The native CPU kernels (kernels.c) as a kernel set for decoder.layer, when the runtime is
+built with ``quant`` ("q8_0" or "q4_1"), and the route that picks between the two ways of
+running it:
+
+- op by op: decoder.run on ``NativeKernels`` (a layer is nine native calls instead of ~30
+  torch ops);
+- whole step: kernels.c's ``sf_decode``, the same kernels in the same order called from C,
+  one call a step, on any step of the invariant (default) route and on decode-only steps of
+  at most QROWS lanes otherwise. It is bit-identical to op by op (tests/test_whole_step.py,
+  on every architecture feature), and refused where it cannot run a model
+  (``kernels.decoder_refusal``: those steps go op by op).
+
+Why the whole step stays (a second writing of the layer, in C): on a decode step the ops are
+so small that a Python round trip per op is a large share of the step. Measured on
+SmolLM2-135M Q4_1 (30 layers, q4_1, invariant route, 2 threads; Intel Xeon KVM, 2 cores,
+AVX-512 VNNI; medians of 7 alternating repeats, load ~1): decode@1 5.5 ms a token whole-step
+vs 7.3 ms op by op (1.34x), decode@8 17.5 vs 21.0 ms a step (1.20x), a 512-token prefill
+517 vs 536 ms (even: there the products dominate). See benchmarks/README.md.
 
 - Products with at most ``QROWS`` rows (decode steps) use the quantized GEMV (weights
   quantized once at load, activations per block of 32 on entry); larger ones (prefill) keep
