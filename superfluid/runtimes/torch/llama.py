@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from . import native
 from .attention import StepMeta, attend, attend_fixed
-from .decoder import Layer, run
 from .config import ModelConfig
+from .decoder import Layer, run
 from .kernels import QMat
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
