@@ -15,7 +15,7 @@ so small that a Python round trip per op is a large share of the step. Measured 
 SmolLM2-135M Q4_1 (30 layers, q4_1, invariant route, 2 threads; Intel Xeon KVM, 2 cores,
 AVX-512 VNNI; medians of 7 alternating repeats, load ~1): decode@1 5.5 ms a token whole-step
 vs 7.3 ms op by op (1.34x), decode@8 17.5 vs 21.0 ms a step (1.20x), a 512-token prefill
-517 vs 536 ms (even: there the products dominate). See benchmarks/README.md.
+517 vs 536 ms (even within noise: there the products dominate). See benchmarks/README.md.
 
 - Products with at most ``QROWS`` rows (decode steps) use the quantized GEMV (weights
   quantized once at load, activations per block of 32 on entry); larger ones (prefill) keep
