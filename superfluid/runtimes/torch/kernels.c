@@ -9,7 +9,7 @@
  * - sf_attend_decode: one query token per sequence against its keys in the paged KV pool
  *   (cells gathered by index), fp32, softmax with the running maximum subtracted.
  * - sf_rms_norm, sf_rope_kv (RoPE on q and k, k and v stored in their cells), sf_silu_mul.
- * - sf_decode: every layer of a decode-only step with the functions above, one call a step.
+ * - sf_decode: every layer of a step with the functions above (decoder.layer in C), one call a step.
  *
  * Without AVX2/FMA (or when built portable) every kernel has a plain C path.
  *
@@ -689,11 +689,22 @@ static int qgemv(const sf_model *m, const sf_qmat *w, const float *x, float *y, 
     return gemv(m->kind, w->q, w->d, w->m, x, y, T, w->N, w->K, accumulate);
 }
 
-/* Every layer of a decode-only step (one new token per sequence, T sequences), then the
- * final norm: x [T, D] embeddings in (used as the residual stream), out [T, D] the normed
- * hidden states. pos/slots [T]; gather [T, L] key cells with spans first/lens as in
- * sf_attend_decode. The same arithmetic as the per-op route (same functions), without a
- * Python round trip per op. Returns 0, or < 0 on bad arguments / no memory. */
+/* qkv [T, W] += b [W] per row (the bias NativeKernels.linear adds: the same float sums). */
+static void add_bias(float *qkv, const float *b, int T, int W) {
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < W; j++) qkv[(size_t)t * W + j] += b[j];
+}
+
+/* decoder.layer (decoder.py) over every layer, then the final norm: the kernels that
+ * native.NativeKernels calls one by one from Python, called here in the same order with the
+ * same arguments, so the rows are bit-identical (tests/test_whole_step.py, on every
+ * architecture feature) and a step costs one call instead of ~9 per layer (the Python round
+ * trips are what this saves: measured in native.py's module doc). Change the two together.
+ * x [T, D] embeddings in (used as the residual stream), out [T, D] the normed hidden states.
+ * pos/slots [T]; gather [T, L] key cells with spans first/lens as in sf_attend_decode: any
+ * step whose rows each see their keys up to their own position (decodes, prefill chunks,
+ * draft verification: every row's k/v is stored before any row attends). Returns 0, or < 0
+ * on bad arguments (checked before anything is written) / no memory. */
 int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int64_t *slots, const int64_t *gather,
               int L, const int64_t *first, const int64_t *lens, float *out) {
     int D = m->D, H = m->H, Hkv = m->Hkv, d = m->d, F = m->F, W = (H + 2 * Hkv) * d;
@@ -707,19 +718,16 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
     int rc = 0;
     for (int li = 0; li < m->n_layers && !rc; li++) {
         const sf_layer *ly = &m->layers[li];
-        sf_rms_norm(x, ly->attn_norm, h, T, D, m->eps);
-        rc |= qgemv(m, &ly->wqkv, h, qkv, T, 0);
-        if (ly->bqkv)
-            for (int t = 0; t < T; t++)
-                for (int j = 0; j < W; j++) qkv[(size_t)t * W + j] += ly->bqkv[j];
-        sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);
-        attn_task at = {q, ly->kc, ly->vc, gather, first, lens, a, m->scale, T, H, Hkv, d, L};
-        run(attn_part, &at, (size_t)T * L * H * d < 32768 ? 1 : n_parts((size_t)T * Hkv, 1));
-        rc |= qgemv(m, &ly->wo, a, x, T, 1);
-        sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);
-        rc |= qgemv(m, &ly->wgu, h, gu, T, 0);
-        sf_silu_mul(gu, T, F, act);
-        rc |= qgemv(m, &ly->wdown, act, x, T, 1);
+        sf_rms_norm(x, ly->attn_norm, h, T, D, m->eps);                                    /* norm */
+        rc |= qgemv(m, &ly->wqkv, h, qkv, T, 0);                                            /* qkv */
+        if (ly->bqkv) add_bias(qkv, ly->bqkv, T, W);                                        /* + bias */
+        sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);       /* rope, kv store */
+        rc |= sf_attend_decode(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a); /* attend */
+        rc |= qgemv(m, &ly->wo, a, x, T, 1);                                                /* o + residual */
+        sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);                                      /* norm */
+        rc |= qgemv(m, &ly->wgu, h, gu, T, 0);                                              /* gate/up */
+        sf_silu_mul(gu, T, F, act);                                                         /* gating */
+        rc |= qgemv(m, &ly->wdown, act, x, T, 1);                                           /* down + residual */
     }
     if (!rc) sf_rms_norm(x, m->norm, out, T, D, m->eps);
     free(buf);

@@ -9,6 +9,7 @@ a wrong shape or dtype is a ValueError here, never a read past a buffer in C.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import platform
@@ -317,16 +318,46 @@ def _qmat_c(m: QMat) -> _QMatC:
     return _QMatC(m.q.data_ptr(), m.d.data_ptr(), m.mn.data_ptr() if m.mn is not None else None, m.N, m.K)
 
 
+# What sf_decode computes beyond a plain Llama layer: q/k/v biases (added after the qkv
+# product), a sliding window (each row's key span first .. lens - 1) and RoPE scaling (linear,
+# llama3, YaRN: all in the cos/sin tables, YaRN's attention factor included, built in Python).
+DECODER_FEATURES = frozenset({"attention_bias", "sliding_window", "rope_scaling"})
+# ModelConfig fields that are shapes and constants sf_model carries, or that act outside the layers.
+_PLAIN_FIELDS = frozenset({"arch", "vocab_size", "hidden", "intermediate", "n_layers", "n_heads", "n_kv_heads",
+                           "head_dim", "rope_theta", "rms_eps", "max_position", "tie_embeddings"})
+
+
+def decoder_refusal(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> str | None:
+    """Why sf_decode cannot run this model over this pool, or None. It implements the
+    features in DECODER_FEATURES (any other ModelConfig field set on a model is refused, so
+    a feature added to the config falls back to the op-by-op route until sf_decode learns
+    it), one quantization kind for every layer matrix (sf_model.kind), fp32 CPU tensors."""
+    cfg = model.cfg
+    unknown = sorted(f.name for f in dataclasses.fields(cfg) if f.name not in _PLAIN_FIELDS | DECODER_FEATURES
+                     and getattr(cfg, f.name) not in (None, False))
+    if unknown:
+        return f"sf_decode does not implement {', '.join(unknown)}"
+    mats = [m for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)]
+    kinds = {m.q.kind if m.q is not None else None for m in mats}
+    if len(kinds) != 1 or None in kinds:
+        return f"sf_decode runs one quantization for every layer matrix, not {sorted(map(str, kinds))}"
+    tensors = [model.cos, model.sin, model.norm, kv_k, kv_v] + [t for L in model.layers for t in
+                                                                (L.attn_norm, L.ffn_norm, L.bqkv) if t is not None]
+    if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+        return "sf_decode reads contiguous float32 CPU tensors"
+    return None
+
+
 class Decoder:
-    """The model's weights and one KV pool as the C structs sf_decode reads. It holds the
-    tensors it points at; the pool's k/v tensors must not be reallocated while it lives
-    (``matches`` tells the caller to build a new one if they were)."""
+    """The model's weights and one KV pool as the C structs sf_decode reads (build it only
+    where ``decoder_refusal`` is None). It holds the tensors it points at; the pool's k/v
+    tensors must not be reallocated while it lives (native.whole_step keys it by the pool)."""
 
     def __init__(self, model, kv_k: torch.Tensor, kv_v: torch.Tensor):
+        refused = decoder_refusal(model, kv_k, kv_v)
+        if refused:
+            raise ValueError(refused)
         cfg = model.cfg
-        kinds = {L.wqkv.q.kind for L in model.layers}
-        if len(kinds) != 1:
-            raise ValueError("one quantization for every layer expected")
         tensors = [model.cos, model.sin, model.norm, kv_k, kv_v]
         layers = (_LayerC * cfg.n_layers)()
         for i, L in enumerate(model.layers):
@@ -335,18 +366,13 @@ class Decoder:
                                 L.bqkv.data_ptr() if L.bqkv is not None else None,
                                 _qmat_c(L.wqkv.q), _qmat_c(L.wo.q), _qmat_c(L.wgu.q), _qmat_c(L.wdown.q),
                                 kv_k[i].data_ptr(), kv_v[i].data_ptr())
-        for t in tensors:
-            _f32(t, "decoder tensor")
         self._keep = (tensors, layers, [L.wqkv.q for L in model.layers])
-        self.model = _ModelC(0 if kinds == {"q8_0"} else 1, cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads,
+        kind = model.layers[0].wqkv.q.kind
+        self.model = _ModelC(0 if kind == "q8_0" else 1, cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads,
                              cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps, cfg.head_dim ** -0.5, model.cos.data_ptr(),
                              model.sin.data_ptr(), model.norm.data_ptr(), layers)
         self.D = cfg.hidden
-        self.kv = (kv_k.data_ptr(), kv_v.data_ptr())
         self.lib = native()
-
-    def matches(self, kv_k: torch.Tensor, kv_v: torch.Tensor) -> bool:
-        return self.kv == (kv_k.data_ptr(), kv_v.data_ptr())
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, gather: torch.Tensor,
                  first: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:

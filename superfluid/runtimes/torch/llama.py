@@ -1,13 +1,15 @@
-"""The Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) over packed tokens.
+"""The Llama-family decoder (Llama, SmolLM2, Qwen2, Mistral) over packed tokens: its
+weights, RoPE tables and the torch kernel set.
 
 One ``forward`` runs every feed of a step: x is [T, D] for T packed tokens of any number
 of sequences; attention finds each token's keys through the StepMeta. Weights are fused
-once at load: wqkv [(H + 2 Hkv) d, D] and wgu [2 F, D], so a layer is four matmuls.
+once at load: wqkv [(H + 2 Hkv) d, D] and wgu [2 F, D], so a layer is four matmuls. The
+layer itself is decoder.layer; here it runs on ``TorchKernels``, or with ``quant`` on the
+native route (native.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
+from .decoder import Layer, run
 from .kernels import QMat
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
@@ -33,17 +36,6 @@ class Mat:
         self.w = w
         self.w16 = w.to(torch.bfloat16).contiguous() if gemv16 and not quant else None
         self.q = QMat(w, quant) if quant else None
-
-
-@dataclass
-class Layer:
-    attn_norm: torch.Tensor  # [D]
-    wqkv: Mat  # [(H + 2 Hkv) d, D]
-    bqkv: torch.Tensor | None  # [(H + 2 Hkv) d]
-    wo: Mat  # [D, H d]
-    ffn_norm: torch.Tensor  # [D]
-    wgu: Mat  # [2 F, D]: gate rows then up rows
-    wdown: Mat  # [D, F]
 
 
 def linear(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -77,7 +69,7 @@ class Llama:
             if dtype != torch.float32:
                 raise ValueError(f"quant={quant} computes in float32; dtype {dtype} asked")
         self.cfg, self.dtype, self.device, self.quant = cfg, dtype, device, quant
-        self.native_decoder = None  # quant: the C view of the weights + KV pool (native.forward builds it)
+        self.native_decoder = None  # quant: (KV pool, sf_decode view or None if refused), native.whole_step builds it
         self.qrows = native.row_limit(deterministic)  # quant: products up to this many rows are quantized
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
         mat = lambda t: Mat(put(t), gemv16, quant)  # noqa: E731
@@ -131,32 +123,43 @@ class Llama:
     def forward(self, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
         """tokens: [T] int64. kv_k, kv_v: [n_layers, S, Hkv, d] (this step's cells get written).
         Returns the final-normed hidden states [T, D]."""
-        if self.quant:
-            return native.forward(self, tokens, meta, kv_k, kv_v)
-        cfg, lin = self.cfg, self.linear
-        T = tokens.shape[0]
-        H, Hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         x = self.embed.index_select(0, tokens)  # [T, D]
-        cos = self.cos.index_select(0, meta.positions)[:, None]  # [T, 1, d]
-        sin = self.sin.index_select(0, meta.positions)[:, None]
-        for li, L in enumerate(self.layers):
-            h = self.rms_norm(x, L.attn_norm)
-            qkv = lin(h, L.wqkv, L.bqkv)
-            qk = self.rope(qkv[:, : (H + Hkv) * d].view(T, H + Hkv, d), cos, sin)  # q and k heads at once
-            q, k = qk[:, :H], qk[:, H:]
-            v = qkv[:, (H + Hkv) * d:].view(T, Hkv, d)
-            kc, vc = kv_k[li], kv_v[li]  # [S, Hkv, d]
-            kc.index_copy_(0, meta.slots, k)
-            vc.index_copy_(0, meta.slots, v)
-            a = self.attend(q, kc, vc, meta)  # [T, H, d]
-            x = x + lin(a.reshape(T, H * d), L.wo)
-            h = self.rms_norm(x, L.ffn_norm)
-            gu = lin(h, L.wgu)  # [T, 2F]
-            g, u = gu.chunk(2, dim=-1)
-            x = x + lin(F.silu(g) * u, L.wdown)
-        return self.rms_norm(x, self.norm)
+        if self.quant:
+            return native.forward(self, x, meta, kv_k, kv_v)
+        return run(TorchKernels(self, meta), self.layers, self.norm, x, kv_k, kv_v)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, D] -> [R, V] float32."""
         return self.linear(hidden, self.lm_head).float()
+
+
+class TorchKernels:
+    """decoder.Kernels on torch ops for one step: the model's linear (plain, bf16 GEMV or
+    fixed row blocks) and attention (fast or batch-invariant), RoPE at the step's positions."""
+
+    def __init__(self, model: Llama, meta: StepMeta):
+        cfg = model.cfg
+        self.H, self.Hkv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.meta = meta
+        self.norm, self.linear, self._attend = model.rms_norm, model.linear, model.attend
+        self.cos = model.cos.index_select(0, meta.positions)[:, None]  # [T, 1, d]
+        self.sin = model.sin.index_select(0, meta.positions)[:, None]
+
+    def add_linear(self, x: torch.Tensor, y: torch.Tensor, m: Mat) -> torch.Tensor:
+        return x + self.linear(y, m)
+
+    def rope_store(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        T, H, Hkv, d = qkv.shape[0], self.H, self.Hkv, self.d
+        qk = Llama.rope(qkv[:, : (H + Hkv) * d].view(T, H + Hkv, d), self.cos, self.sin)  # q and k heads at once
+        kc.index_copy_(0, self.meta.slots, qk[:, H:])
+        vc.index_copy_(0, self.meta.slots, qkv[:, (H + Hkv) * d:].view(T, Hkv, d))
+        return qk[:, :H]
+
+    def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        return self._attend(q, kc, vc, self.meta)
+
+    @staticmethod
+    def gate(gu: torch.Tensor) -> torch.Tensor:
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u

@@ -1,8 +1,21 @@
-"""The forward on the native CPU kernels (kernels.c), when the runtime is built with
-``quant`` ("q8_0" or "q4_1"): a layer is nine native calls instead of ~30 torch ops, which
-is what a one-token decode step is made of; a decode-only step of at most QROWS lanes runs
-all its layers in one native call (sf_decode: the same functions, no Python between them),
-and so does every step on the invariant (default) route.
+"""The native CPU kernels (kernels.c) as a kernel set for decoder.layer, when the runtime is
+built with ``quant`` ("q8_0" or "q4_1"), and the route that picks between the two ways of
+running it:
+
+- op by op: decoder.run on ``NativeKernels`` (a layer is nine native calls instead of ~30
+  torch ops);
+- whole step: kernels.c's ``sf_decode``, the same kernels in the same order called from C,
+  one call a step, on any step of the invariant (default) route and on decode-only steps of
+  at most QROWS lanes otherwise. It is bit-identical to op by op (tests/test_whole_step.py,
+  on every architecture feature), and refused where it cannot run a model
+  (``kernels.decoder_refusal``: those steps go op by op).
+
+Why the whole step stays (a second writing of the layer, in C): on a decode step the ops are
+so small that a Python round trip per op is a large share of the step. Measured on
+SmolLM2-135M Q4_1 (30 layers, q4_1, invariant route, 2 threads; Intel Xeon KVM, 2 cores,
+AVX-512 VNNI; medians of 7 alternating repeats, load ~1): decode@1 5.5 ms a token whole-step
+vs 7.3 ms op by op (1.34x), decode@8 17.5 vs 21.0 ms a step (1.20x), a 512-token prefill
+517 vs 536 ms (even within noise: there the products dominate). See benchmarks/README.md.
 
 - Products with at most ``QROWS`` rows (decode steps) use the quantized GEMV (weights
   quantized once at load, activations per block of 32 on entry); larger ones (prefill) keep
@@ -28,6 +41,7 @@ import torch
 
 from . import kernels
 from .attention import StepMeta, attend
+from .decoder import run
 
 QROWS = 32  # products with more rows than this run as fp32 GEMMs (crossover measured at 32-64)
 WHOLE_STEP = True  # steps in one sf_decode call where the route allows (False: op by op; tests compare the two)
@@ -88,31 +102,56 @@ def attend_native(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: Ste
     return kernels.attend_decode(q, kc, vc, *_query_keys(meta, window), check_cells=False)
 
 
+class NativeKernels:
+    """decoder.Kernels on the native kernels for one step (model: a Llama built with quant)."""
+
+    def __init__(self, model, meta: StepMeta):
+        cfg = model.cfg
+        self.meta, self.qrows, self.invariant = meta, model.qrows, model.deterministic
+        self.H, self.eps, self.window = cfg.n_heads, cfg.rms_eps, cfg.sliding_window
+        self.cos, self.sin = model.cos, model.sin
+
+    def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return kernels.rms_norm(x, w, self.eps)
+
+    def linear(self, x: torch.Tensor, m, b: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, m, b, self.qrows)
+
+    def add_linear(self, x: torch.Tensor, y: torch.Tensor, m) -> torch.Tensor:
+        return add_linear(x, y, m, self.qrows)
+
+    def rope_store(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        return kernels.rope_kv(qkv, self.cos, self.sin, self.meta.positions, self.meta.slots, kc, vc, self.H)
+
+    def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+        return attend_native(q, kc, vc, self.meta, self.window, self.invariant)
+
+    def gate(self, gu: torch.Tensor) -> torch.Tensor:
+        if gu.shape[0] <= QROWS or self.invariant:
+            return kernels.silu_mul(gu)
+        g, u = gu.chunk(2, dim=-1)  # prefill: torch's multi-threaded elementwise ops
+        return torch.nn.functional.silu(g) * u
+
+
+def whole_step(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> kernels.Decoder | None:
+    """sf_decode's view of the model and this KV pool, built once per pool; None where
+    sf_decode refuses the model (``kernels.decoder_refusal``): then every step goes op by op."""
+    key = (kv_k.data_ptr(), kv_v.data_ptr())  # a reallocated pool needs a new view
+    if model.native_decoder is None or model.native_decoder[0] != key:
+        refused = kernels.decoder_refusal(model, kv_k, kv_v)
+        model.native_decoder = (key, None if refused else kernels.Decoder(model, kv_k, kv_v))
+    return model.native_decoder[1]
+
+
 @torch.inference_mode()
-def forward(model, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
-    """Llama.forward on the native kernels (model: a Llama built with quant; fp32 on CPU)."""
-    cfg, qrows, invariant = model.cfg, model.qrows, model.deterministic
-    T, H, d, eps = tokens.shape[0], cfg.n_heads, cfg.head_dim, cfg.rms_eps
-    x = model.embed.index_select(0, tokens)  # [T, D], ours: the residual adds go into it
-    # The whole step in one native call: any step on the invariant route (prefill chunks and
-    # draft verification too: sf_decode stores every row's k/v before any row attends, and
-    # each row sees its own keys up to its position), else decode-only steps of <= QROWS.
-    if WHOLE_STEP and (invariant or (meta.decode_only and T <= QROWS)):
-        dec = model.native_decoder
-        if dec is None or not dec.matches(kv_k, kv_v):
-            dec = model.native_decoder = kernels.Decoder(model, kv_k, kv_v)
-        return dec(x, meta.positions, meta.slots, *_query_keys(meta, cfg.sliding_window))
-    for li, L in enumerate(model.layers):
-        kc, vc = kv_k[li], kv_v[li]
-        qkv = linear(kernels.rms_norm(x, L.attn_norm, eps), L.wqkv, L.bqkv, qrows)
-        q = kernels.rope_kv(qkv, model.cos, model.sin, meta.positions, meta.slots, kc, vc, H)
-        a = attend_native(q, kc, vc, meta, cfg.sliding_window, invariant)  # [T, H, d]
-        x = add_linear(x, a.view(T, H * d), L.wo, qrows)
-        gu = linear(kernels.rms_norm(x, L.ffn_norm, eps), L.wgu, qrows=qrows)
-        if T <= QROWS or invariant:
-            act = kernels.silu_mul(gu)
-        else:  # prefill: torch's multi-threaded elementwise ops
-            g, u = gu.chunk(2, dim=-1)
-            act = torch.nn.functional.silu(g) * u
-        x = add_linear(x, act, L.wdown, qrows)
-    return kernels.rms_norm(x, model.norm, eps)
+def forward(model, x: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
+    """Llama.forward on the native kernels: embeddings x [T, D] (ours: the residual adds go
+    into it) -> final-normed hidden [T, D]. The whole step is one sf_decode call on any step
+    of the invariant route (prefill chunks and draft verification too: sf_decode stores every
+    row's k/v before any row attends, and each row sees its own keys up to its position) and
+    on decode-only steps of <= QROWS; else decoder.run on NativeKernels."""
+    if WHOLE_STEP and (model.deterministic or (meta.decode_only and x.shape[0] <= QROWS)):
+        dec = whole_step(model, kv_k, kv_v)
+        if dec is not None:
+            return dec(x, meta.positions, meta.slots, *_query_keys(meta, model.cfg.sliding_window))
+    return run(NativeKernels(model, meta), model.layers, model.norm, x, kv_k, kv_v)
