@@ -15,11 +15,11 @@ from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime, kernels, native
 from superfluid.runtimes.torch.config import ModelConfig
 from superfluid.runtimes.torch.kernels import QMat
-from superfluid.runtimes.torch.tiny import write_tiny_gguf
+from superfluid.runtimes.torch.tiny import TinyModel
 
 WINDOW = 8
 PROMPT = np.random.default_rng(11).integers(3, 260, 24).tolist()  # decoded past WINDOW
-FEATURES = {  # name -> write_tiny_gguf arguments
+FEATURES = {  # name -> TinyModel fields
     "plain": {},
     "bias": {"arch": "qwen2"},
     "window": {"meta": {"attention.sliding_window": WINDOW}},
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(kernels.native() is None, reason="native kernels
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("whole_step")
-    return {name: write_tiny_gguf(d / f"{name}.gguf", **kw) for name, kw in FEATURES.items()}
+    return {name: TinyModel(**kw).write_gguf(d / f"{name}.gguf") for name, kw in FEATURES.items()}
 
 
 def decode_steps(rt) -> np.ndarray:
