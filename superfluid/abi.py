@@ -111,7 +111,10 @@ class RingRef(msgspec.Struct, frozen=True, array_like=True):
 # --------------------------------------------------------------------- plan
 
 
-class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
+class LaneParams(msgspec.Struct, frozen=True, array_like=True):
+    """A lane's sampling parameters as the tick carries them (the user's are
+    engine.params.SamplingParams, which turns into this plus handles)."""
+
     temperature: float = 0.0
     top_k: int = 0  # 0: off
     top_p: float = 1.0
@@ -126,7 +129,7 @@ class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     lane_tag: int
     prompt: RingRef
     sampling: int = Sampling.GREEDY
-    params: SamplingParams = SamplingParams()
+    params: LaneParams = LaneParams()
     rng_counter_base: int = 0
     decode_replay: int = 0  # last N prompt tokens go through decode-shaped steps
     strategy_slot: int = 0

@@ -12,7 +12,7 @@ from superfluid.abi import (
     LaneRetire,
     PrefillChunk,
     Sampling,
-    SamplingParams,
+    LaneParams,
     ShedKind,
     Status,
     TickPlan,
@@ -27,7 +27,7 @@ class LaneRun:
     prompt: list[int]
     max_tokens: int
     sampling: int = Sampling.GREEDY
-    params: SamplingParams = SamplingParams()
+    params: LaneParams = LaneParams()
     chunk: int = 1 << 30
     rounds: int = 4
     seed_handle: int = 0
@@ -62,7 +62,7 @@ class Driver:
         self.seed_lens: dict[int, int] = {}  # lease handle -> prefix length
 
     def lease(self, prompt: list[int]):
-        lease = self.ex.lease_seed(prompt)
+        lease = self.ex.lease_prefix(prompt)
         if lease is not None:
             self.seed_lens[lease.handle] = lease.prefix_len
         return lease

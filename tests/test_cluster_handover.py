@@ -62,7 +62,7 @@ def test_a_handed_over_request_continues_from_the_exported_kv(engines):
 
     hits_before = b.scheduler.stats.prefix_hit_tokens
     starts = adopt_choices(b, handed.choices, PROMPT)
-    assert all(s.seed is not None for s in starts)
+    assert all(s.lease is not None for s in starts)
     rest = _run(b, "r", PROMPT, PARAMS, starts)
     for i in (0, 1):
         assert part[i][0] + rest[i][0] == want[i][0]

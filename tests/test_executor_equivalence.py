@@ -4,15 +4,15 @@ engine or the host, and after a rebuild with decode_replay."""
 
 import pytest
 
-from superfluid.abi import Exactness, Finish, Sampling, SamplingParams
+from superfluid.abi import Exactness, Finish, Sampling, LaneParams
 from superfluid.executor import Executor, SpecConfig
 from superfluid.runtimes.toy import ToyRuntime
 
 from lane_driver import Driver, LaneRun
 
 N = 40
-SAMPLED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.01)
-PARAMS = [pytest.param(SamplingParams(), Sampling.GREEDY, id="greedy"), pytest.param(SAMPLED, Sampling.SAMPLE, id="sampled")]
+SAMPLED = LaneParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.01)
+PARAMS = [pytest.param(LaneParams(), Sampling.GREEDY, id="greedy"), pytest.param(SAMPLED, Sampling.SAMPLE, id="sampled")]
 
 
 def prompt_of(n: int, salt: int = 0) -> list[int]:
@@ -94,7 +94,7 @@ def test_seeded_lane_matches_a_fresh_one(params, sampling, shares):
 
 def test_seed_covering_the_whole_prompt_holds_back_its_last_token():
     prompt = prompt_of(48)
-    want = reference(SamplingParams(), Sampling.GREEDY, prompt)
+    want = reference(LaneParams(), Sampling.GREEDY, prompt)
     ex = Executor(ToyRuntime(page=4))
     d = Driver(ex)
     d.add(LaneRun(1, prompt + [5, 6, 7, 8], 1))
@@ -151,7 +151,7 @@ def test_lanes_do_not_disturb_each_other():
 
 def test_length_finish_at_max_seq_len():
     ex = Executor(ToyRuntime(max_seq_len=40))
-    run = LaneRun(1, prompt_of(30), 100, params=SamplingParams(flags=1), rounds=50)
+    run = LaneRun(1, prompt_of(30), 100, params=LaneParams(flags=1), rounds=50)
     drive(ex, [run])
     assert run.finish == Finish.LENGTH and len(run.out) == 10
 
@@ -159,16 +159,16 @@ def test_length_finish_at_max_seq_len():
 def test_eos_finish_and_ignore_eos():
     # find a prompt whose greedy path meets EOS
     for salt in range(200):
-        out = reference(SamplingParams(temperature=1.5), Sampling.SAMPLE, prompt_of(10, salt), n=60)
+        out = reference(LaneParams(temperature=1.5), Sampling.SAMPLE, prompt_of(10, salt), n=60)
         if 0 in out:
             break
     else:
         pytest.skip("no EOS reached")
     ex = Executor(ToyRuntime())
-    run = LaneRun(1, prompt_of(10, salt), 60, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=1.5), rng_base=77)
+    run = LaneRun(1, prompt_of(10, salt), 60, sampling=Sampling.SAMPLE, params=LaneParams(temperature=1.5), rng_base=77)
     drive(ex, [run])
     assert run.finish == Finish.EOS and run.out[-1] == 0 and run.out == out[: out.index(0) + 1]
-    run2 = LaneRun(1, prompt_of(10, salt), 60, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=1.5, flags=1), rng_base=77)
+    run2 = LaneRun(1, prompt_of(10, salt), 60, sampling=Sampling.SAMPLE, params=LaneParams(temperature=1.5, flags=1), rng_base=77)
     drive(Executor(ToyRuntime()), [run2])
     assert run2.finish == 0 and len(run2.out) >= 60 and 0 in run2.out
 
@@ -183,7 +183,7 @@ def test_next_turn_takes_the_entry_over_without_a_copy():
     d.run()
     d.retire([1])
     turn = prompt + first.out + [9, 10, 11]
-    want = reference(SamplingParams(), Sampling.GREEDY, turn)
+    want = reference(LaneParams(), Sampling.GREEDY, turn)
     [entry] = ex.cache.entries
     lease = d.lease(turn)
     assert lease.prefix_len == 52
@@ -211,7 +211,7 @@ def test_adopted_sequence_from_another_executor():
     d2.seed_lens[lease.handle] = lease.prefix_len
     run = d2.add(LaneRun(1, entry.tokens + [7, 8], N, rng_base=77, seed_handle=lease.handle))
     d2.run()
-    assert run.out[:N] == reference(SamplingParams(), Sampling.GREEDY, entry.tokens + [7, 8])
+    assert run.out[:N] == reference(LaneParams(), Sampling.GREEDY, entry.tokens + [7, 8])
     assert not dst.bare
 
 

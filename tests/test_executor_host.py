@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from superfluid.abi import Finish, HostCommit, LaneAdmit, LaneDecode, PrefillChunk, Sampling, SamplingParams, Status, TickPlan
+from superfluid.abi import Finish, HostCommit, LaneAdmit, LaneDecode, PrefillChunk, Sampling, LaneParams, Status, TickPlan
 from superfluid.executor import Executor
 from superfluid.executor import sampling as hs
 from superfluid.runtimes.toy import ToyRuntime
@@ -33,7 +33,7 @@ def test_a_host_row_arrives_with_bias_and_penalties_applied():
     row_raw = raw.rings.read_logits_row(_admit(raw, prompt))
     ex = Executor(ToyRuntime())
     bias = ex.register_logit_bias({7: 4.0})
-    params = SamplingParams(presence_penalty=1.5)
+    params = LaneParams(presence_penalty=1.5)
     row = ex.rings.read_logits_row(_admit(ex, prompt, params=params, logit_bias_handle=bias))
     want = row_raw.copy()
     want[7] += 4.0

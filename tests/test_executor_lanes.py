@@ -16,7 +16,7 @@ from superfluid.abi import (
     LaneDecode,
     PrefillChunk,
     Sampling,
-    SamplingParams,
+    LaneParams,
     Status,
     TickPlan,
     TickStatus,
@@ -76,7 +76,7 @@ def test_next_turn_starts_from_the_published_state():
     assert lease.prefix_len == len(turn1)  # exact: the whole previous turn
     run = d.add(LaneRun(2, nxt, 10, seed_handle=lease.handle))
     d.run()
-    assert run.out == reference(SamplingParams(), Sampling.GREEDY, nxt, n=10, exact_only=True)
+    assert run.out == reference(LaneParams(), Sampling.GREEDY, nxt, n=10, exact_only=True)
     assert all(n in (0, length) for length, n in rt.truncates)
 
 
@@ -141,7 +141,7 @@ SCHEMA = {
 
 
 def _grammar_run(ex, handle, tag, prompt, n=300, replay=0, sampling=Sampling.SAMPLE):
-    return LaneRun(tag, prompt, n, sampling=sampling, params=SamplingParams(temperature=0.7), rounds=16,
+    return LaneRun(tag, prompt, n, sampling=sampling, params=LaneParams(temperature=0.7), rounds=16,
                    grammar_handle=handle, grammar_replay=replay, rng_base=5 + tag)
 
 
@@ -166,7 +166,7 @@ def test_grammar_replay_rebuilds_the_cursor():
     d.run()
     cut = len(whole.out) // 2
     h2 = ex.compile_grammar("json_schema", json.dumps(SCHEMA))
-    rebuilt = LaneRun(2, prompt_of(12) + whole.out[:cut], 300, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=0.7),
+    rebuilt = LaneRun(2, prompt_of(12) + whole.out[:cut], 300, sampling=Sampling.SAMPLE, params=LaneParams(temperature=0.7),
                       rounds=16, grammar_handle=h2, grammar_replay=cut, decode_replay=cut, rng_base=6)
     d.add(rebuilt)
     d.run()
@@ -200,7 +200,7 @@ def test_injected_fault_removes_only_that_lane():
     assert runs[1].fault == FaultCode.INJECTED + 7
     assert 2 not in ex.lanes
     for r in (runs[0], runs[2]):
-        assert r.fault == 0 and r.out == reference(SamplingParams(), Sampling.GREEDY, r.prompt, n=12)
+        assert r.fault == 0 and r.out == reference(LaneParams(), Sampling.GREEDY, r.prompt, n=12)
     assert set(ex.prim.seqs) == {ex.lanes[1].seq, ex.lanes[3].seq}
 
 
@@ -266,7 +266,7 @@ def test_partial_emits_carry_what_the_events_say():
     ref = r.write_prompt(prompt_of(10))
     got = []
     out = ex.run_tick(
-        TickPlan(1, flags=2, admits=[LaneAdmit(1, ref, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=0.8),
+        TickPlan(1, flags=2, admits=[LaneAdmit(1, ref, sampling=Sampling.SAMPLE, params=LaneParams(temperature=0.8),
                                                rng_counter_base=3, want_logprobs=4)],
                  prefills=[PrefillChunk(1, 0, 10)], decodes=[LaneDecode(1, 6)]),
         on_partial_emit=got.append,
@@ -278,7 +278,7 @@ def test_partial_emits_carry_what_the_events_say():
 def test_logprobs_come_with_each_token():
     ex = Executor(ToyRuntime())
     d = Driver(ex)
-    run = d.add(LaneRun(1, prompt_of(10), 8, sampling=Sampling.SAMPLE, params=SamplingParams(temperature=0.8), want_logprobs=6, rng_base=3))
+    run = d.add(LaneRun(1, prompt_of(10), 8, sampling=Sampling.SAMPLE, params=LaneParams(temperature=0.8), want_logprobs=6, rng_base=3))
     d.run()
     assert [lp.token_id for lp in run.logprobs] == run.out
     for lp in run.logprobs:
@@ -287,7 +287,7 @@ def test_logprobs_come_with_each_token():
 
 
 def test_logit_bias_bans_a_token():
-    want = reference(SamplingParams(), Sampling.GREEDY, prompt_of(10), n=10)
+    want = reference(LaneParams(), Sampling.GREEDY, prompt_of(10), n=10)
     ex = Executor(ToyRuntime())
     h = ex.register_logit_bias({want[0]: -100.0})
     d = Driver(ex)
@@ -310,7 +310,7 @@ def test_export_and_import_entries_round_trip():
     lease = d.lease(prompt_of(40))
     run = d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
     d.run()
-    assert run.out == reference(SamplingParams(), Sampling.GREEDY, prompt_of(40), n=6)
+    assert run.out == reference(LaneParams(), Sampling.GREEDY, prompt_of(40), n=6)
 
 
 def test_failed_import_prefills_afresh():
@@ -325,7 +325,7 @@ def test_failed_import_prefills_afresh():
     rt.fail_on("seq_import", Fault(FaultCode.INTERNAL))
     run = d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
     d.run()
-    assert run.out == reference(SamplingParams(), Sampling.GREEDY, prompt_of(40), n=6)
+    assert run.out == reference(LaneParams(), Sampling.GREEDY, prompt_of(40), n=6)
     assert not ex.cache.entries  # the entry whose state was lost is gone
 
 
@@ -363,4 +363,4 @@ def test_spec_gate_turns_drafting_off_when_it_does_not_pay():
     drafted = [sum(e.spec.proposed for e in ev.emits) > 0 for ev in d.events]
     assert any(drafted[:6])  # measured on at first
     assert not any(drafted[-10:])  # then the gate keeps it off
-    assert run.out == reference(SamplingParams(), Sampling.GREEDY, prompt, n=120)
+    assert run.out == reference(LaneParams(), Sampling.GREEDY, prompt, n=120)

@@ -227,7 +227,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         return d
 
     def _lease(self, prompt: list[int]):
-        lease = self.ex.lease_seed(prompt, ttl_ticks=self.r.randint(0, 3))
+        lease = self.ex.lease_prefix(prompt, ttl_ticks=self.r.randint(0, 3))
         if lease is not None:
             assert prompt[: lease.prefix_len] == lease.prefix
             if self.desc.exact_only:
@@ -576,7 +576,7 @@ class ExecutorMachine(RuleBasedStateMachine):
     def release_a_lease(self, data):
         free = [h for h, s in self.ex.leases.items()]
         if free:
-            self.ex.release_seed(free[data.draw(st.integers(0, len(free) - 1))])
+            self.ex.release_lease(free[data.draw(st.integers(0, len(free) - 1))])
             check_invariants(self.ex)
 
     @invariant()

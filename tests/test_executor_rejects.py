@@ -80,7 +80,7 @@ def live(n_cells: int = 96, **kw) -> Live:
     )
     assert all(e.finish == 0 for e in out.events.emits)
     nonce = d.emit(out, HOST_PENDING).logits_row.generation
-    lease = d.ex.lease_seed(A + [77, 78])
+    lease = d.ex.lease_prefix(A + [77, 78])
     assert lease is not None and lease.prefix == A
     bare = d.ex.adopt(C, ("kv", list(C)))
     check_invariants(d.ex)
@@ -432,17 +432,17 @@ def test_reject_stale_seed(cause):
     prompt = A + [77, 78, 79]
     handle = lv.lease.handle
     if cause == "expired_and_swept":
-        old = ex.lease_seed(prompt, ttl_ticks=0)
+        old = ex.lease_prefix(prompt, ttl_ticks=0)
         d.ok()  # the lease's last tick passes: it is swept and its pin goes
         assert old.handle not in ex.leases
         handle = old.handle
     elif cause == "expired_still_held":
-        old = ex.lease_seed(prompt, ttl_ticks=-1)
+        old = ex.lease_prefix(prompt, ttl_ticks=-1)
         assert old.handle in ex.leases
         handle = old.handle
     elif cause == "released":
-        old = ex.lease_seed(prompt)
-        ex.release_seed(old.handle)
+        old = ex.lease_prefix(prompt)
+        ex.release_lease(old.handle)
         handle = old.handle
     check_invariants(ex)
     d.begin()
@@ -459,7 +459,7 @@ def test_reject_stale_seed(cause):
             admits=[LaneAdmit(5, ref, seed_handle=handle), LaneAdmit(6, ref2, seed_handle=handle)],
             prefills=[PrefillChunk(5, n, 3), PrefillChunk(6, n, 2)],
         )
-        second = ex.lease_seed(A + [50, 51])
+        second = ex.lease_prefix(A + [50, 51])
         good = d.plan(
             admits=[LaneAdmit(5, ref, seed_handle=handle), LaneAdmit(6, ref2, seed_handle=second.handle)],
             prefills=[PrefillChunk(5, n, 3), PrefillChunk(6, n, 2)],
@@ -513,7 +513,7 @@ def test_needs_replan(cause):
     d, ex = lv.d, lv.ex
     eb = _entry_b(lv)
     if cause == "every_entry_pinned":
-        assert ex.lease_seed(B + [3]) is not None
+        assert ex.lease_prefix(B + [3]) is not None
         assert all(e.pins for e in ex.cache)
     d.begin()
     big = d.write(_big_prompt(lv, 4))  # fits only with entry B (8 cells) out of the pool
@@ -613,7 +613,7 @@ def test_take_over_relieves_a_full_pool():
     d.ok(retires=[LaneRetire(9, True)])
     (e,) = list(d.ex.cache)
     turn = e.tokens + [5, 6, 7, 8]
-    lease = d.ex.lease_seed(turn)
+    lease = d.ex.lease_prefix(turn)
     assert lease.prefix == e.tokens
     d.begin()
     ref = d.write(turn)
@@ -648,7 +648,7 @@ def _full_prompt_forks(n_cells: int, shares: bool, n_forks: int, filler: int):
     d.begin()
     r = d.write([50 + i for i in range(filler)])
     d.ok(admits=[LaneAdmit(1, r)], prefills=[PrefillChunk(1, 0, filler)])
-    leases = [d.ex.lease_seed(E) for _ in range(n_forks)]
+    leases = [d.ex.lease_prefix(E) for _ in range(n_forks)]
     assert all(l.prefix == E for l in leases)  # the whole prompt is cached
     d.begin()
     refs = [d.write(E) for _ in range(n_forks)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from superfluid.abi import FaultCode, LaneRetire, Sampling, SamplingParams, Status, TickPlan, TickStatus
+from superfluid.abi import FaultCode, LaneRetire, Sampling, LaneParams, Status, TickPlan, TickStatus
 from superfluid.executor import Executor, ExecutorConfig
 from superfluid.runtimes.base import Capacity, Fatal, Fault
 from superfluid.runtimes.toy import ToyRuntime
@@ -70,7 +70,7 @@ def test_seq_create_out_of_room_faults_only_that_lane(error):
     d.lanes.pop(2)
     d.retire([2])  # the scheduler retires the faulted tag, then may re-admit it
     d.run()
-    assert a.out == reference(SamplingParams(), Sampling.GREEDY, prompt_of(10), n=4)
+    assert a.out == reference(LaneParams(), Sampling.GREEDY, prompt_of(10), n=4)
 
 
 def test_seq_create_for_a_seeded_lane_out_of_room_faults_and_unpins():
@@ -93,7 +93,7 @@ def test_seq_create_fatal_for_a_seeded_lane_takes_the_fatal_path():
     rt.fail_on("seq_create", Fatal("device lost"))
     d.seq -= 1
     fatal_tick(ex, d)
-    assert ex.fatal_calls == ["creating a seeded lane's sequence"]
+    assert ex.fatal_calls == ["creating a leased lane's sequence"]
 
 
 def test_take_over_truncate_failure_takes_the_fatal_path():

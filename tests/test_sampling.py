@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from superfluid.abi import RingRef, SamplingParams
+from superfluid.abi import RingRef, LaneParams
 from superfluid.executor import sampling as hs
 from superfluid.executor.speculate import LaneSpec, SpecConfig, SpecGate, propose
 from superfluid.rings import PROMPTS, RingError, RingFull, Rings
@@ -27,7 +27,7 @@ def test_argmax_lowest_id_wins_ties():
 @settings(max_examples=200, deadline=None)
 def test_sample_respects_the_filters(pos, temp, top_k, top_p, min_p):
     row = np.random.default_rng(pos % 1000).standard_normal(100).astype(np.float32) * 3
-    params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    params = LaneParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     ids, p = hs.candidates(row, params)
     t = hs.sample(row, params, hs.uniform(pos))
     assert t in ids.tolist()
@@ -40,20 +40,20 @@ def test_sample_respects_the_filters(pos, temp, top_k, top_p, min_p):
 
 def test_sampling_follows_the_distribution():
     row = np.log(np.array([0.5, 0.3, 0.2], dtype=np.float64)).astype(np.float32)
-    params = SamplingParams(temperature=1.0)
+    params = LaneParams(temperature=1.0)
     counts = np.bincount([hs.sample(row, params, hs.uniform(p)) for p in range(6000)], minlength=3) / 6000
     assert np.allclose(counts, [0.5, 0.3, 0.2], atol=0.03)
 
 
 def test_top_p_keeps_the_smallest_prefix_reaching_the_mass():
     row = np.log(np.array([0.5, 0.3, 0.15, 0.05])).astype(np.float32)
-    ids, _ = hs.candidates(row, SamplingParams(temperature=1.0, top_p=0.75))
+    ids, _ = hs.candidates(row, LaneParams(temperature=1.0, top_p=0.75))
     assert ids.tolist() == [0, 1]
 
 
 def test_penalties_skip_exempt_tokens_and_look_at_the_window():
     row = np.array([2.0, 2.0, -2.0, 2.0], dtype=np.float32)
-    params = SamplingParams(repeat_penalty=2.0, presence_penalty=0.5, freq_penalty=0.25)
+    params = LaneParams(repeat_penalty=2.0, presence_penalty=0.5, freq_penalty=0.25)
     hs.apply_penalties(row, [0, 1, 1, 2], params, frozenset({0}))
     assert row[0] == 2.0  # exempt
     assert row[1] == pytest.approx(2.0 / 2 - 0.5 - 0.5)

@@ -252,7 +252,7 @@ class FakeExecutor:
         self.script = list(script)
         self.plans = []
 
-    def lease_seed(self, *a, **k):
+    def lease_prefix(self, *a, **k):
         return None
 
     def run_tick(self, plan, on_partial_emit=None):

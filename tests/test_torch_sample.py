@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from superfluid.abi import SamplingParams
+from superfluid.abi import LaneParams
 from superfluid.executor import sampling
 from superfluid.runtimes.base import Feed, SampleSpec
 from superfluid.runtimes.torch import TorchRuntime
@@ -21,7 +21,7 @@ V = 1000
 def host(row: np.ndarray, spec: SampleSpec) -> int:
     if spec.temperature <= 0.0:
         return sampling.argmax(row)
-    p = SamplingParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
+    p = LaneParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
     return sampling.sample(row, p, sampling.uniform(spec.rng_position))
 
 

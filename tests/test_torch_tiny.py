@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from superfluid.abi import SamplingParams
+from superfluid.abi import LaneParams
 from superfluid.executor import sampling
 from superfluid.models import ModelLoadError, resolve_model
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, SampleSpec, UnknownSeq
@@ -260,7 +260,7 @@ def test_step_sampled_matches_host_sampling(rt):
         if sp.temperature == 0:
             want.append(sampling.argmax(row))
         else:
-            p = SamplingParams(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p)
+            p = LaneParams(temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p, min_p=sp.min_p)
             want.append(sampling.sample(row, p, sampling.uniform(sp.rng_position)))
     assert toks == want
     for s in seqs_a + seqs_b:

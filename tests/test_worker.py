@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from superfluid.abi import Sampling, SamplingParams, Status
+from superfluid.abi import Sampling, LaneParams, Status
 from superfluid.executor.grammar import GrammarError
 from superfluid.runtimes.base import Capacity
 from superfluid.worker.client import OperationFailed, WorkerClient, WorkerConfig, WorkerFailed, WorkerLost
@@ -87,7 +87,7 @@ def test_a_stuck_worker_is_detected_and_replaced(client):
     assert client.state == "ok"
 
 
-@pytest.mark.parametrize("params,sampling", [(SamplingParams(), Sampling.GREEDY), (SAMPLED, Sampling.SAMPLE)])
+@pytest.mark.parametrize("params,sampling", [(LaneParams(), Sampling.GREEDY), (SAMPLED, Sampling.SAMPLE)])
 def test_replay_after_sigkill_finishes_with_the_same_tokens(client, params, sampling):
     n = 48
     prompts = [prompt_of(25 + i, i) for i in range(4)]

@@ -37,7 +37,7 @@ def test_both_executors_and_both_supervisors_implement_the_protocols():
 
 
 def test_an_operations_arguments_cross_as_a_struct_made_from_its_signature():
-    op = ops.BY_NAME["lease_seed"]
+    op = ops.BY_NAME["lease_prefix"]
     args = op.args([1, 2, 3], cache_key=9)
     got = wire.decode_to_worker(msgspec.msgpack.encode(args))
     assert ops.BY_ARGS[type(got)] is op
@@ -52,7 +52,7 @@ def test_an_operations_arguments_cross_as_a_struct_made_from_its_signature():
     UnknownSeq("seq 9"), OutOfBoundary("past the end"),
 ])
 def test_errors_cross_as_their_own_class(exc):
-    frame = msgspec.msgpack.encode(errors.failure("lease_seed", exc))
+    frame = msgspec.msgpack.encode(errors.failure("lease_prefix", exc))
     back = errors.exception(wire.decode_to_engine(frame))
     assert type(back) is type(exc) and str(back) == str(exc)
     if isinstance(exc, Fault):
@@ -71,5 +71,5 @@ def test_the_worker_answers_an_unreadable_call_without_dying():
     w = Worker(None, ToyRuntime())  # answer() only reads frames; serve() sends them
     got = w.answer(msgspec.msgpack.encode({"type": "no_such_op"}))
     assert isinstance(got, errors.Failed) and got.kind is errors.ErrorKind.VALUE
-    got = w.answer(msgspec.msgpack.encode(ops.BY_NAME["lease_seed"].args([1, 2])))
+    got = w.answer(msgspec.msgpack.encode(ops.BY_NAME["lease_prefix"].args([1, 2])))
     assert isinstance(got, errors.Failed) and "no rings attached" in got.message

@@ -55,7 +55,7 @@ def adopt_choices(engine: Engine, choices: list[HandedChoice], prompt: list[int]
     that does not fit or no longer matches is dropped: that choice prefills instead)."""
     starts = []
     for c in choices:
-        seed = None
+        leased = None
         history = list(prompt) + list(c.token_ids)
         if c.prefix is not None and engine.config.scheduler.prefix_caching:
             tokens, payload = c.prefix
@@ -63,8 +63,8 @@ def adopt_choices(engine: Engine, choices: list[HandedChoice], prompt: list[int]
                 try:
                     lease = engine.ex.adopt(list(tokens), payload, HANDOVER_TTL_TICKS,
                                             engine.config.scheduler.determinism_class)
-                    seed = (lease.handle, lease.prefix_len)
+                    leased = (lease.handle, lease.prefix_len)
                 except Exception:
-                    seed = None
-        starts.append(ChoiceStart(c.index, c.rng_base, tuple(c.token_ids), seed))
+                    leased = None
+        starts.append(ChoiceStart(c.index, c.rng_base, tuple(c.token_ids), leased))
     return starts

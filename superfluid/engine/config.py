@@ -10,7 +10,7 @@ class SchedulerConfig:
     max_running: int = 0  # lanes at once; 0: the runtime's max_batch
     prefill_token_budget: int = 512  # prompt tokens per tick, over every lane
     max_rounds: int = 8  # decode rounds per tick while nothing latency-sensitive waits
-    seed_ttl_ticks: int = 4  # a leased prefix stays pinned this many ticks
+    lease_ttl_ticks: int = 4  # a leased prefix stays pinned this many ticks
     determinism_class: int = 0
     prefix_caching: bool = True
     max_replans: int = 64  # NeedsReplan answers one step may take before giving up

@@ -20,7 +20,7 @@ from .choice import ChoiceState
 from .config import EngineConfig
 from .outputs import Delta
 from .params import ParamError, SamplingParams
-from .handles import RequestHandles, Seed
+from .handles import RequestHandles, LeasedPrefix
 from .request import ChoiceStart, FinishReason, Request, Status, rng_base
 from .scheduler import Scheduler
 
@@ -104,7 +104,7 @@ class Engine:
         reqs: list[Request] = []
         try:
             for c in choices:
-                adopted = Seed(*c.seed) if c.seed is not None else None
+                adopted = LeasedPrefix(*c.lease) if c.lease is not None else None
                 # One set per choice: a plan may name a grammar handle once.
                 handles = RequestHandles.acquire(self.ex, params, adopted)
                 reqs.append(Request(

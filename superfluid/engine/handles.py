@@ -24,7 +24,7 @@ from .params import ParamError, SamplingParams
 
 
 @dataclass(frozen=True)
-class Seed:
+class LeasedPrefix:
     """A lease on a cache entry (or an adopted sequence) for a prompt's first ``prefix_len`` tokens."""
 
     handle: int
@@ -35,7 +35,7 @@ class RequestHandles:
     """One request's handles (0 / None: not held). An empty one holds nothing and has no
     executor: the state of a request made outside an engine, e.g. in a test."""
 
-    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: Seed | None = None):
+    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: LeasedPrefix | None = None):
         self._ex = executor
         self._params = params
         self._logit_bias = 0
@@ -43,7 +43,7 @@ class RequestHandles:
         self._adopted = adopted
 
     @classmethod
-    def acquire(cls, executor, params: SamplingParams, adopted: Seed | None = None) -> RequestHandles:
+    def acquire(cls, executor, params: SamplingParams, adopted: LeasedPrefix | None = None) -> RequestHandles:
         """Take the handles ``params`` asks for (and own ``adopted``). All or none: on a
         failure (ParamError for a grammar that does not compile) what was taken goes back."""
         handles = cls(executor, params, adopted)
@@ -63,7 +63,7 @@ class RequestHandles:
         return self._grammar
 
     @property
-    def adopted(self) -> Seed | None:
+    def adopted(self) -> LeasedPrefix | None:
         return self._adopted
 
     def adopted_taken(self) -> None:
@@ -85,7 +85,7 @@ class RequestHandles:
         self._adopted = None
         try:
             if adopted is not None:
-                self._ex.release_seed(adopted.handle)
+                self._ex.release_lease(adopted.handle)
             if bias:
                 self._ex.release_logit_bias(bias)
             if grammar:

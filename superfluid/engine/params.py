@@ -1,7 +1,7 @@
 """What a user asks of one generation: the vLLM-shaped ``SamplingParams``.
 
 This is the engine's side of sampling. It is validated once (``validate``) and
-then turned into the executor's ``abi.SamplingParams`` plus handles (logit bias,
+then turned into the executor's ``abi.LaneParams`` plus handles (logit bias,
 grammar) when the request is admitted. Ranges follow OpenAI's API where it has
 one (temperature in [0, 2], penalties in [-2, 2], logit bias in [-100, 100],
 top_logprobs up to 20).
@@ -148,8 +148,8 @@ class SamplingParams:
             return abi.Sampling.HOST
         return abi.Sampling.GREEDY if self.greedy else abi.Sampling.SAMPLE
 
-    def abi_params(self) -> abi.SamplingParams:
-        return abi.SamplingParams(
+    def abi_params(self) -> abi.LaneParams:
+        return abi.LaneParams(
             temperature=float(self.temperature),
             top_k=int(self.top_k),
             top_p=float(self.top_p),

@@ -16,7 +16,7 @@ from typing import Callable
 from .. import abi
 from ..pages import cells_added, cells_for
 from .config import SchedulerConfig
-from .handles import Seed
+from .handles import LeasedPrefix
 from .priority import PriorityPolicy
 from .request import Request, Status, next_lane_tag
 
@@ -30,14 +30,14 @@ class Limits:
     max_admits: int | None = None
     rounds: int | None = None
     prefill_budget: int | None = None
-    use_seeds: bool = True
+    use_leases: bool = True
 
 
 @dataclass
 class Admission:
     request: Request
     lane_tag: int
-    seed: Seed | None
+    lease: LeasedPrefix | None
     prefill_end: int
     replay: int
 
@@ -120,7 +120,7 @@ class Planner:
         self,
         view: SchedulerView,
         limits: Limits,
-        lease: Callable[[Request], Seed | None],
+        lease: Callable[[Request], LeasedPrefix | None],
         write_prompt: Callable[[list[int]], abi.RingRef],
     ) -> ScheduledTick:
         """Retires, then the running lanes' chunks and one decode round each (reserved
@@ -203,7 +203,7 @@ class Planner:
         # runtime whose copies share blocks; on a recurrent one as an exact checkpoint one
         # token short of its end), and its siblings wait for that, then fork from it
         # instead of each prefilling the prompt.
-        forking = cfg.prefix_caching and limits.use_seeds and (self.desc.copy_shares_cells or self.desc.exact_only)
+        forking = cfg.prefix_caching and limits.use_leases and (self.desc.copy_shares_cells or self.desc.exact_only)
         leaders = {r.group_id: r for r in list(view.waiting) + live if r.index == 0 and r.group_id}
         siblings = {r.group_id for r in view.waiting if r.index > 0}
         for req in view.waiting:
@@ -217,8 +217,8 @@ class Planner:
                 if victims:
                     return victims[:1]
                 break
-            seed = lease(req) if (cfg.prefix_caching and limits.use_seeds) else None
-            prefix = seed.prefix_len if seed else 0
+            leased = lease(req) if (cfg.prefix_caching and limits.use_leases) else None
+            prefix = leased.prefix_len if leased else 0
             replay = len(req.output_token_ids)
             prefill_end = max(len(req.history) - replay, prefix)
             need = prefill_end - prefix
@@ -232,7 +232,7 @@ class Planner:
                     return victims
                 break
             publish = forking and req.index == 0 and req.group_id in siblings
-            self._admit(req, seed, prefill_end, take, publish, write_prompt, draft, tick)
+            self._admit(req, leased, prefill_end, take, publish, write_prompt, draft, tick)
             draft.reserve(cells)
         else:
             return None
@@ -240,19 +240,19 @@ class Planner:
         return None
 
     def _admit_cells(self, prefix: int, add: int) -> int:
-        """Cells a new lane takes: a seed's copy, then ``add`` tokens past the prefix (the
+        """Cells a new lane takes: a lease's copy, then ``add`` tokens past the prefix (the
         chunk, the replay and a first token)."""
         copied = 0 if self.desc.copy_shares_cells else prefix
         return cells_for(copied, self.desc.page) + cells_added(prefix, add, self.desc.page)
 
     def _admit(
-        self, req: Request, seed: Seed | None, prefill_end: int, take: int, publish: bool, write_prompt,
+        self, req: Request, leased: LeasedPrefix | None, prefill_end: int, take: int, publish: bool, write_prompt,
         draft: _Draft, tick: ScheduledTick,
     ) -> None:
         """A new lane for ``req``: its admit, its first prefill chunk, a place among the
         ready lanes once the chunk completes its prefill."""
         history = req.history
-        prefix = seed.prefix_len if seed else 0
+        prefix = leased.prefix_len if leased else 0
         replay = len(req.output_token_ids)
         tag = next_lane_tag()
         p = req.params
@@ -270,7 +270,7 @@ class Planner:
                 grammar_handle=req.handles.grammar,
                 grammar_replay=replay if req.handles.grammar else 0,
                 logit_bias_handle=req.handles.logit_bias,
-                seed_handle=seed.handle if seed else 0,
+                seed_handle=leased.handle if leased else 0,
                 determinism_class=self.config.determinism_class,
                 want_logprobs=p.want_logprobs(),
                 want_prompt_logprobs=p.want_prompt_logprobs(),
@@ -279,7 +279,7 @@ class Planner:
                 publish_prompt=publish,
             )
         )
-        tick.admissions.append(Admission(req, tag, seed, prefill_end, len(history) - prefill_end))
+        tick.admissions.append(Admission(req, tag, leased, prefill_end, len(history) - prefill_end))
         if take > 0:
             draft.prefill(tick, tag, prefix, take)
         draft.n_lanes += 1

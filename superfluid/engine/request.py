@@ -60,13 +60,13 @@ class ChoiceStart:
     """Where choice ``index`` of a request starts. A fresh request: its rng base and no
     tokens. One moved from another replica (lost or drained there): the tokens it
     generated there, which this engine decode-replays with the same rng base so that it
-    continues with the text it would have had, and optionally ``seed``, the
+    continues with the text it would have had, and optionally ``lease``, the
     (lease handle, prefix length) of an adopted sequence that already holds their KV."""
 
     index: int
     rng_base: int
     token_ids: tuple[int, ...] = ()
-    seed: tuple[int, int] | None = None
+    lease: tuple[int, int] | None = None  # (handle, prefix_len) of an adopted sequence's lease
 
 
 _tags = itertools.count(1)

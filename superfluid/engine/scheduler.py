@@ -28,7 +28,7 @@ from ..pages import cells_for
 from .config import SchedulerConfig
 from .host_pick import HostPickError
 from .host_sampling import HostSampler
-from .handles import Seed
+from .handles import LeasedPrefix
 from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView
 from . import cache_keys
 from .priority import PriorityPolicy
@@ -56,14 +56,14 @@ class SchedulerStats:
     ticks: int = 0
     replans: int = 0
     preemptions: int = 0
-    prefix_hit_tokens: int = 0  # prompt tokens seeds covered, over every admission
+    prefix_hit_tokens: int = 0  # prompt tokens leases covered, over every admission
     prompt_tokens: int = 0  # prompt tokens admitted for the first time
     generation_tokens: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
-    # per retention class ("none", "in_memory", "24h"): admissions a seed served, and the
+    # per retention class ("none", "in_memory", "24h"): admissions a lease served, and the
     # cache's resident / protected / exported bytes after the last tick
     cache_hits: dict = field(default_factory=dict)
     cache_bytes: dict = field(default_factory=dict)
@@ -167,12 +167,12 @@ class Scheduler:
         self._carried += self._host_picks()
         if self.config.prefix_caching and self.waiting and any(r.retire_pending for r in self.running.values()):
             # Publish finished lanes before leasing, so a request that shares their
-            # prefix (the next turn, a resent prompt) is seeded from them.
+            # prefix (the next turn, a resent prompt) is leased from them.
             self._retire_now()
         limits = Limits()
-        leases: dict[int, Seed | None] = {}  # one lease per request across re-plans
+        leases: dict[int, LeasedPrefix | None] = {}  # one lease per request across re-plans
 
-        def lease(req: Request) -> Seed | None:
+        def lease(req: Request) -> LeasedPrefix | None:
             if req.params.prompt_logprobs is not None:
                 return None  # every prompt token is scored from a row of its own prefill
             if req.handles.adopted is not None:  # a handed-over lane's KV, adopted for it
@@ -184,11 +184,11 @@ class Scheduler:
                 # that it gives the same text on every call. Its own forks still share its prompt.
                 return None
             if id(req) not in leases:
-                got = self.ex.lease_seed(
-                    req.history, ttl_ticks=self.config.seed_ttl_ticks, determinism_class=self.config.determinism_class,
+                got = self.ex.lease_prefix(
+                    req.history, ttl_ticks=self.config.lease_ttl_ticks, determinism_class=self.config.determinism_class,
                     cache_key=req.cache_key,
                 )
-                leases[id(req)] = Seed(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
+                leases[id(req)] = LeasedPrefix(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
             return leases[id(req)]
 
         used: set[int] = set()  # lease handles the accepted tick's admits consumed
@@ -199,10 +199,10 @@ class Scheduler:
         finally:
             # A lease pins its cache entry: one a request leased but was not admitted
             # with goes back now, not at its TTL (the pool must stay evictable).
-            # (An adopted seed stays with its request until an admit takes it.)
-            for seed in leases.values():
-                if seed is not None and seed.handle not in used and not any(r.handles.adopted is seed for r in self.waiting):
-                    self.ex.release_seed(seed.handle)
+            # (An adopted lease stays with its request until an admit takes it.)
+            for lease in leases.values():
+                if lease is not None and lease.handle not in used and not any(r.handles.adopted is lease for r in self.waiting):
+                    self.ex.release_lease(lease.handle)
 
     def _plan_and_run(self, limits: Limits, lease, used: set[int], on_token) -> list[RequestUpdate]:
         for _ in range(self.config.max_replans):
@@ -229,13 +229,13 @@ class Scheduler:
                 tick.plan = msgspec.structs.replace(tick.plan, protected_quota_bytes=self._protected_quota)
             out, updates = self._run(tick, on_token)
             if out.status == abi.Status.OK:
-                used.update(a.seed.handle for a in tick.admissions if a.seed is not None)
+                used.update(a.lease.handle for a in tick.admissions if a.lease is not None)
                 return self._take_failed() + updates
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
                 limits = self._relieve(tick, limits)
             elif out.status == abi.Status.REJECT_STALE_SEED:
-                limits.use_seeds = False
+                limits.use_leases = False
             else:
                 raise SchedulerError(f"the executor rejected plan {tick.plan.plan_seq}: {abi.Status(out.status).name}")
         raise SchedulerError(f"no plan fit after {self.config.max_replans} re-plans")
@@ -369,10 +369,10 @@ class Scheduler:
         return list(updates.values())
 
     def _apply_admission(self, adm: Admission) -> None:
-        """The request now holds its lane, prefilled as far as its seed reaches."""
+        """The request now holds its lane, prefilled as far as its lease reaches."""
         req = adm.request
         self._count_admission(adm)
-        self.stats.prefix_hit_tokens += adm.seed.prefix_len if adm.seed else 0
+        self.stats.prefix_hit_tokens += adm.lease.prefix_len if adm.lease else 0
         if req in self.waiting:
             self.waiting.remove(req)
         req.lane_tag = adm.lane_tag
@@ -383,7 +383,7 @@ class Scheduler:
             req.retire_pending = True
             return
         req.status = Status.RUNNING
-        req.prefilled = adm.seed.prefix_len if adm.seed else 0
+        req.prefilled = adm.lease.prefix_len if adm.lease else 0
         req.prefill_end = adm.prefill_end
         req.replay = adm.replay
         req.replay_pending = adm.replay > 0
@@ -477,7 +477,7 @@ class Scheduler:
         req = adm.request
         if not req.admitted_once:
             req.admitted_once = True
-            req.cached_tokens = min(adm.seed.prefix_len if adm.seed else 0, len(req.prompt_token_ids))
+            req.cached_tokens = min(adm.lease.prefix_len if adm.lease else 0, len(req.prompt_token_ids))
             if req.cached_tokens:
                 cache_keys.count_hit(self.stats.cache_hits, req.cache_retention)
             self.stats.prompt_tokens += len(req.prompt_token_ids)

@@ -1,7 +1,7 @@
 """The executor: runs tick plans against a runtime (DESIGN §3)."""
 
-from .executor import Executor, Lease, SeedLease
+from .executor import Executor, Lease
 from .pool import ExecutorConfig
 from .speculate import SpecConfig
 
-__all__ = ["Executor", "ExecutorConfig", "Lease", "SeedLease", "SpecConfig"]
+__all__ = ["Executor", "ExecutorConfig", "Lease", "SpecConfig"]

@@ -141,7 +141,7 @@ def _lease_copy(c: TickContext, st: TickState, a, lease, copy_len: int) -> int |
     from host memory and cut to the lease. A failed import prefills afresh: state
     lost, not a request lost."""
     e = c.pool.cache.get(lease.entry_id)
-    seq = new_seq(c, st, a.lane_tag, "creating a seeded lane's sequence")
+    seq = new_seq(c, st, a.lane_tag, "creating a leased lane's sequence")
     if seq is None:
         e.pins = max(e.pins - 1, 0)
         return None
@@ -163,7 +163,7 @@ def _lease_copy(c: TickContext, st: TickState, a, lease, copy_len: int) -> int |
     e.pins = max(e.pins - 1, 0)
     if isinstance(failure, Fatal):
         c.prim.seq_free(seq)
-        raise fatal_tick(c, "an import of an exported entry" if out_of_pool else "a seed's copy")
+        raise fatal_tick(c, "an import of an exported entry" if out_of_pool else "a lease's copy")
     if failure is not None and not out_of_pool:
         # The pool could not hold the copy after all (the check counts tokens, the
         # runtime allocates blocks): the lane faults, the entry stays.
@@ -189,7 +189,7 @@ def _lease_copy(c: TickContext, st: TickState, a, lease, copy_len: int) -> int |
         return seq
     if e.share(copy_len):
         e.last_used = c.tick_count
-    e.seeded += 1
+    e.leased += 1
     return seq
 
 

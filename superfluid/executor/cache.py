@@ -4,7 +4,7 @@ Invariants:
 - An entry is either resident (``seq`` is a live runtime sequence holding exactly
   ``len(tokens)`` tokens, or more when a truncate failed) or exported (``seq`` is None and
   ``exported`` holds the payload in host memory).
-- ``pins`` counts the seed leases naming the entry; a pinned entry is never evicted.
+- ``pins`` counts the leases naming the entry; a pinned entry is never evicted.
 - Keys are whole pages on a paged runtime and exact token lists on a recurrent one.
 - Keyed entries (a request's ``prompt_cache_key``, hashed to ``key``) are **protected**
   while they fit the plan's protected quota, most recently used first: eviction never
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-# An entry a seed copies at least this much of (or whole) counts as used: the chat
+# An entry a lease copies at least this much of (or whole) counts as used: the chat
 # template's opening tokens, which every prompt shares, do not keep an entry warm.
 REAL_USE_TOKENS = 32
 
@@ -34,12 +34,12 @@ class CacheEntry:
     pins: int = 0
     exported: object | None = None
     shared: bool = False  # a fork copied from it: kept for its siblings
-    seeded: int = 0  # seeds served
+    leased: int = 0  # leases served (copies made of it)
     key: int = 0  # prompt_cache_key's hash; 0: unkeyed
     retention: int = 0  # Retention: NONE (unkeyed), IN_MEMORY, EXTENDED (24h: exported first, dropped last)
 
     def share(self, n_tokens: int) -> bool:
-        """A seed copied n tokens; True if that is a real use of the entry."""
+        """A lease copied n tokens; True if that is a real use of the entry."""
         self.shared = True
         return n_tokens >= min(REAL_USE_TOKENS, len(self.tokens))
 

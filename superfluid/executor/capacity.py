@@ -1,6 +1,6 @@
 """The capacity check: does the plan fit the pool, and what must leave it if not.
 
-Cells needed = prefill tokens + decode rounds + seeded copies (on runtimes whose copies
+Cells needed = prefill tokens + decode rounds + leased copies (on runtimes whose copies
 do not share cells) + one cell per publishing retire that still holds a pending token,
 less what take-overs cut back. Against: free cells plus what non-publishing retires
 release. If short, unpinned cache entries leave the pool (LRU, within the plan's
@@ -52,7 +52,7 @@ class _Leased:
             return None
         cuttable = desc.truncate_partial or len(e.tokens) == self.keep(a)
         # On a recurrent runtime a reused entry is kept for the next lease.
-        shared = e.shared or (desc.exact_only and e.seeded > 0)
+        shared = e.shared or (desc.exact_only and e.leased > 0)
         if not cuttable or shared:
             return None
         return max(len(e.tokens) - self.keep(a), 0)

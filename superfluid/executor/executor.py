@@ -25,9 +25,8 @@ from .speculate import SpecConfig, SpecGate
 from .tick import run_tick
 
 FATAL_EXIT_STATUS = 70
-SeedLease = Lease  # the name the engine and tests knew it by
 
-__all__ = ["Executor", "ExecutorConfig", "FATAL_EXIT_STATUS", "Lease", "SeedLease", "fatal_exits"]
+__all__ = ["Executor", "ExecutorConfig", "FATAL_EXIT_STATUS", "Lease", "fatal_exits"]
 
 
 def fatal_exits() -> bool:
@@ -108,7 +107,7 @@ class Executor:
         return self.ctx.live_sequences()
 
     # ------------------------------------------------- operations between ticks
-    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
+    def lease_prefix(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
                    cache_key: int = 0) -> Lease | None:
         """Pin the cache entry sharing the longest prefix with the prompt until
         tick_count + ttl (leases.py says which prefix)."""
@@ -116,7 +115,7 @@ class Executor:
         return c.leases.lease(prompt, c.pool.page, self.desc.exact_only, c.tick_count + ttl_ticks,
                               determinism_class, cache_key, c.done_ops)
 
-    def release_seed(self, handle: int) -> None:
+    def release_lease(self, handle: int) -> None:
         self.ctx.leases.release(handle)
 
     def adopt(self, tokens: list[int], payload: object, ttl_ticks: int = 4, determinism_class: int = 0) -> Lease:
@@ -192,7 +191,7 @@ class Executor:
             for tag, l in c.lanes.items()
         }
         cache = tuple(
-            (e.entry_id, e.seq, tuple(e.tokens), e.prompt, e.bytes, e.last_used, e.pins, e.exported is None, e.shared, e.seeded)
+            (e.entry_id, e.seq, tuple(e.tokens), e.prompt, e.bytes, e.last_used, e.pins, e.exported is None, e.shared, e.leased)
             for e in c.pool.cache
         )
         leases = {h: (s.entry_id, tuple(s.prefix), s.expires_at_tick, s.adopted) for h, s in c.leases.live.items()}

@@ -29,7 +29,7 @@ class ExecutorLost(Exception):
 
 
 class Lease(Protocol):
-    """A seed lease as the engine sees it: the handle an admit names, and how many
+    """A lease as the engine sees it: the handle an admit names, and how many
     prompt tokens the leased state holds."""
 
     @property
@@ -46,12 +46,12 @@ class ExecutorInterface(Protocol):
     def run_tick(self, plan: TickPlan, on_partial_emit: PartialEmitCallback | None = None) -> TickOutcome:
         """Validate the whole plan, then carry it out (DESIGN §3)."""
 
-    def lease_seed(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
+    def lease_prefix(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
                    cache_key: int = 0) -> Lease | None:
         """Pin the cached entry sharing the longest prefix with the prompt until
         tick_count + ttl_ticks; None when nothing is cached."""
 
-    def release_seed(self, handle: int) -> None:
+    def release_lease(self, handle: int) -> None:
         """Unpin a lease's entry (a lease not held is ignored)."""
 
     def adopt(self, tokens: list[int], payload: Any, ttl_ticks: int = 4, determinism_class: int = 0) -> Lease:

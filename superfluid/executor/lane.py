@@ -6,18 +6,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..abi import RingRef, SamplingParams
+from ..abi import RingRef, LaneParams
 
 
 @dataclass
 class Lane:
     seq: int  # the runtime sequence holding this lane's state
     sampling: int
-    params: SamplingParams
+    params: LaneParams
     rng_base: int
     prompt: list[int]
     prefill_end: int  # prompt tokens that go through prefill; the rest are decode-replayed
-    prefilled: int  # prompt tokens prefilled so far (a seed's prefix counts)
+    prefilled: int  # prompt tokens prefilled so far (a lease's prefix counts)
     # Invariant: committed is the prompt's prefix followed by what the lane emitted.
     # The runtime has ingested all of it but pending_input.
     committed: list[int] = field(default_factory=list)

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..abi import SamplingParams
+from ..abi import LaneParams
 
 _MASK64 = (1 << 64) - 1
 PENALTY_WINDOW = 64  # penalties look at this many of the lane's last tokens
@@ -35,7 +35,7 @@ def uniform(position: int) -> float:
     return (splitmix64(position & _MASK64) >> 11) * (1.0 / (1 << 53))
 
 
-def penalizes(params: SamplingParams) -> bool:
+def penalizes(params: LaneParams) -> bool:
     repeat = params.repeat_penalty
     return (repeat not in (0.0, 1.0)) or params.presence_penalty != 0.0 or params.freq_penalty != 0.0
 
@@ -49,7 +49,7 @@ def apply_logit_bias(row: np.ndarray, bias: tuple[np.ndarray, np.ndarray]) -> No
     row[ids] += values
 
 
-def apply_penalties(row: np.ndarray, tail: Iterable[int], params: SamplingParams, exempt: frozenset[int]) -> None:
+def apply_penalties(row: np.ndarray, tail: Iterable[int], params: LaneParams, exempt: frozenset[int]) -> None:
     """Repeat (divide positive logits, multiply negative ones), presence and frequency
     penalties over the tokens in ``tail``; special tokens and EOS are exempt."""
     if not penalizes(params):
@@ -94,7 +94,7 @@ def _desc_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.lexsort((ids, -w))
 
 
-def candidates(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+def candidates(row: np.ndarray, params: LaneParams) -> tuple[np.ndarray, np.ndarray]:
     """Token ids and their probabilities after temperature, top-k, top-p and min-p.
     Probabilities sum to 1. The order is the inverse CDF's walk: descending
     probability when top-k or top-p is on (ties: lowest id first), else id order, which
@@ -130,7 +130,7 @@ def candidates(row: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.
     return ids, w / w.sum()
 
 
-def sample(row: np.ndarray, params: SamplingParams, u: float) -> int:
+def sample(row: np.ndarray, params: LaneParams, u: float) -> int:
     """Inverse CDF: the first candidate whose cumulative mass exceeds u."""
     ids, p = candidates(row, params)
     at = int(np.searchsorted(np.cumsum(p), u, side="right"))

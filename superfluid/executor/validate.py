@@ -32,15 +32,15 @@ class Checked:
     prompts: dict[int, list[int]] = field(default_factory=dict)  # admits' prompts
     cursors: dict[int, object] = field(default_factory=dict)  # admits' grammar cursors
     admits: dict[int, LaneAdmit] = field(default_factory=dict)
-    # Per lane, for a block-exact capacity check: tokens its sequence holds now (a seed's
+    # Per lane, for a block-exact capacity check: tokens its sequence holds now (a lease's
     # copy for an admit) and tokens this tick adds (prefill take + decode rounds).
     held: dict[int, int] = field(default_factory=dict)
     adds: dict[int, int] = field(default_factory=dict)
     live_retires: list = field(default_factory=list)
 
 
-def prefill_end_of(prompt_len: int, seeded: int, decode_replay: int) -> int:
-    return max(prompt_len - decode_replay, seeded)
+def prefill_end_of(prompt_len: int, leased: int, decode_replay: int) -> int:
+    return max(prompt_len - decode_replay, leased)
 
 
 def validate(c: TickContext, plan: TickPlan) -> Checked:
@@ -72,7 +72,7 @@ def validate(c: TickContext, plan: TickPlan) -> Checked:
 
 def _check_admits(c: TickContext, plan: TickPlan, chk: Checked) -> None:
     desc = c.desc
-    seen_seeds: set[int] = set()
+    seen_leases: set[int] = set()
     seen_grammars: set[int] = set()
     for a in plan.admits:
         if a.lane_tag in c.lanes or a.lane_tag in chk.admits or a.lane_tag == 0:
@@ -109,14 +109,14 @@ def _check_admits(c: TickContext, plan: TickPlan, chk: Checked) -> None:
         if a.logit_bias_handle != 0 and a.logit_bias_handle not in c.biases:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.seed_handle != 0:
-            _check_seed(c, a, prompt, seen_seeds)
+            _check_lease(c, a, prompt, seen_leases)
         if len(prompt) > desc.max_seq_len:
             raise Reject(Status.REJECT_BUDGET)
         chk.prompts[a.lane_tag] = prompt
         chk.admits[a.lane_tag] = a
 
 
-def _check_seed(c: TickContext, a: LaneAdmit, prompt: list[int], seen: set[int]) -> None:
+def _check_lease(c: TickContext, a: LaneAdmit, prompt: list[int], seen: set[int]) -> None:
     if a.seed_handle in seen:
         raise Reject(Status.REJECT_STALE_SEED)
     seen.add(a.seed_handle)
@@ -157,7 +157,7 @@ def _check_commits(c: TickContext, plan: TickPlan) -> None:
             raise Reject(Status.REJECT_HOST_RULES)
 
 
-def _seeded(c: TickContext, a: LaneAdmit) -> int:
+def _leased(c: TickContext, a: LaneAdmit) -> int:
     return len(c.leases.live[a.seed_handle].prefix) if a.seed_handle else 0
 
 
@@ -173,7 +173,7 @@ def _check_prefills(c: TickContext, plan: TickPlan, chk: Checked) -> dict[int, i
             end, done = lane.prefill_end, lane.prefilled
         elif p.lane_tag in chk.admits:
             a = chk.admits[p.lane_tag]
-            done = _seeded(c, a)
+            done = _leased(c, a)
             end = prefill_end_of(len(chk.prompts[p.lane_tag]), done, a.decode_replay)
         else:
             raise Reject(Status.REJECT_UNKNOWN_LANE)
@@ -207,10 +207,10 @@ def _check_decodes(c: TickContext, plan: TickPlan, chk: Checked, reached: dict[i
             replay_left = max(len(lane.prompt) - max(committed_len, end), 0)
         elif d.lane_tag in chk.admits:
             a = chk.admits[d.lane_tag]
-            seeded = _seeded(c, a)
-            end = prefill_end_of(len(chk.prompts[d.lane_tag]), seeded, a.decode_replay)
+            leased = _leased(c, a)
+            end = prefill_end_of(len(chk.prompts[d.lane_tag]), leased, a.decode_replay)
             is_host, pending_row, finished = a.sampling == Sampling.HOST, False, False
-            after, committed_len = reached.get(d.lane_tag, seeded), end
+            after, committed_len = reached.get(d.lane_tag, leased), end
             replay_left = len(chk.prompts[d.lane_tag]) - end
         else:
             raise Reject(Status.REJECT_UNKNOWN_LANE)

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..abi import SamplingParams
+from ..abi import LaneParams
 from ..executor import sampling as hs
 from .base import (
     Capacity,
@@ -286,7 +286,7 @@ class ToyRuntime:
             if spec.temperature <= 0.0:
                 out.append(hs.argmax(row))
             else:
-                params = SamplingParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
+                params = LaneParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
                 out.append(hs.sample(row, params, hs.uniform(spec.rng_position)))
         return out
 

@@ -40,7 +40,7 @@ class WorkerControl(Protocol):
         """Counters of the executor and its runtime."""
 
 
-class SeedHandle(msgspec.Struct, frozen=True, array_like=True):
+class LeaseHandle(msgspec.Struct, frozen=True, array_like=True):
     """A lease on the engine's side (``interface.Lease``)."""
 
     handle: int
@@ -89,9 +89,9 @@ def _exported(got: tuple[list[int], Any] | None) -> tuple[list[int], Any] | None
 
 _EX, _W = ExecutorInterface, WorkerControl
 OPS: tuple[Op, ...] = (
-    _op(_EX, "lease_seed", SeedHandle | None),
-    _op(_EX, "release_seed", None),
-    _op(_EX, "adopt", SeedHandle, decode_args=_adopt_args),
+    _op(_EX, "lease_prefix", LeaseHandle | None),
+    _op(_EX, "release_lease", None),
+    _op(_EX, "adopt", LeaseHandle, decode_args=_adopt_args),
     _op(_EX, "register_logit_bias", int),
     _op(_EX, "release_logit_bias", None),
     _op(_EX, "compile_grammar", int),
