@@ -79,6 +79,11 @@ class Tracked:
         self._ingested(feeds)
         return out
 
+    def step_sampled(self, feeds, specs):
+        out = self.rt.step_sampled(feeds, specs)
+        self._ingested(feeds)
+        return out
+
     # ---- the toy's introspection
     @property
     def seqs(self):

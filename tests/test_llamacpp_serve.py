@@ -178,8 +178,9 @@ def _greedy_texts(client, model, n_req=4, max_tokens=40):
 
 @pytest.mark.parametrize("name", ["llama", "mamba"])
 def test_fatal_decode_exits_70_and_replays_to_the_same_text(files, name):
-    """A Fatal from the runtime (as llama_decode < 0 raises) ends the worker with 70; the
-    daemon starts a clean one and decode-replays every request to the text it would have had."""
+    """A Fatal from the runtime (as llama_decode < 0 raises; here in a decode step, which samples
+    in the runtime) ends the worker with 70; the daemon starts a clean one and decode-replays
+    every request to the text it would have had."""
     model = str(files[name])
     args = ("--model", model, "--runtime-arg", "n_threads=1", "--runtime-arg", "kv_f32=true")
     ref_server = Server(*args, runtime="llamacpp")
@@ -187,7 +188,7 @@ def test_fatal_decode_exits_70_and_replays_to_the_same_text(files, name):
         want = _greedy_texts(openai.OpenAI(base_url=ref_server.v1, api_key="x", max_retries=0), model)
     finally:
         ref_server.cleanup()
-    server = Server(*args, runtime="llamacpp", env={"SUPERFLUID_FAIL_RUNTIME": "step:fatal:1:30"})
+    server = Server(*args, runtime="llamacpp", env={"SUPERFLUID_FAIL_RUNTIME": "step_sampled:fatal:1:30"})
     try:
         got = _greedy_texts(openai.OpenAI(base_url=server.v1, api_key="x", max_retries=0, timeout=120), model)
         for _ in range(100):  # the replacement may still be settling (degraded) as the last reply lands

@@ -20,11 +20,12 @@ def _torch(**kw: Any) -> RuntimePrimitives:
 
 
 def _llamacpp(**kw: Any) -> RuntimePrimitives:
+    from .llamacpp import load_runtime  # first: it loads llama_cpp with its OpenMP settings
+
     try:
         import llama_cpp  # noqa: F401  (an optional extra)
     except ImportError as e:
         raise ValueError(f"the llamacpp runtime needs llama-cpp-python (pip install '.[llamacpp]'): {e}") from None
-    from .llamacpp import load_runtime
 
     return load_runtime(**kw)
 

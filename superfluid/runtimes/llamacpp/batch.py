@@ -5,10 +5,17 @@ llama.cpp's rules the layout keeps: a sequence's tokens in one batch are consecu
 and continue its memory (position = tokens it holds, then +1 each); each token belongs
 to one sequence (no coupled sequences); ids are below ``n_seq_max``. A recurrent
 memory then cuts the batch into equal-length splits itself (``split_equal``).
+
+The batch's arrays are ours (numpy), not ``llama_batch_init``'s mallocs: the struct
+only points into them, so a step fills them with slice writes (no per-token Python
+loop) and nothing is allocated per step. ``seq_id`` is an array of pointers, one per
+token, each aimed once at its own slot of ``seq_slot``; writing ``seq_slot`` is writing
+the sequence ids. The struct must never reach ``llama_batch_free``.
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Sequence
 
 import numpy as np
@@ -18,49 +25,54 @@ import llama_cpp as L
 from ..base import Feed
 
 
+def _ptr(a: np.ndarray, ctype):
+    return a.ctypes.data_as(ctypes.POINTER(ctype))
+
+
 class StepBatch:
-    """A reusable batch of ``capacity`` tokens (llama_batch_init); ``close()`` frees it."""
+    """A reusable batch of ``capacity`` tokens over numpy arrays it owns."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.raw = L.llama_batch_init(capacity, 0, 1)
-        self.token = np.ctypeslib.as_array(self.raw.token, shape=(capacity,))
-        self.pos = np.ctypeslib.as_array(self.raw.pos, shape=(capacity,))
-        self.n_seq_id = np.ctypeslib.as_array(self.raw.n_seq_id, shape=(capacity,))
-        self.logits = np.ctypeslib.as_array(self.raw.logits, shape=(capacity,))
-        self._seq_id = self.raw.seq_id  # one malloc'd slot per token: written one by one
-        self._closed = False
+        self.token = np.zeros(capacity, dtype=np.int32)
+        self.pos = np.zeros(capacity, dtype=np.int32)
+        self.n_seq_id = np.ones(capacity, dtype=np.int32)  # each token is in exactly one sequence
+        self.seq_slot = np.zeros(capacity, dtype=np.int32)  # token i's sequence id
+        self.logits = np.zeros(capacity, dtype=np.int8)
+        item = ctypes.POINTER(L.llama_seq_id)
+        base = self.seq_slot.ctypes.data
+        self._seq_ptrs = (item * capacity)(*(ctypes.cast(base + 4 * i, item) for i in range(capacity)))
+        self.raw = L.llama_batch(
+            n_tokens=0, token=_ptr(self.token, L.llama_token), embd=None, pos=_ptr(self.pos, L.llama_pos),
+            n_seq_id=_ptr(self.n_seq_id, ctypes.c_int32), seq_id=self._seq_ptrs, logits=_ptr(self.logits, ctypes.c_int8))
+        self._arange = np.arange(capacity, dtype=np.int32)
 
-    def fill(self, feeds: Sequence[Feed], starts: Sequence[int], every: bool) -> list[list[int]]:
-        """Lay the feeds out; returns, per feed, the batch indexes whose rows come back."""
+    def fill(self, feeds: Sequence[Feed], starts: Sequence[int], every: bool, last: bool = False) -> list[list[int]]:
+        """Lay the feeds out; returns, per feed, the batch indexes whose rows come back:
+        every position (``every``), else the last one of each feed that wants a row (of
+        every feed with ``last``). Rows come back in batch order (llama_get_logits)."""
         n = sum(len(f.tokens) for f in feeds)
         if n > self.capacity:
             raise ValueError(f"{n} tokens > the batch's {self.capacity}")
+        self.logits[:n] = 1 if every else 0
         at = 0
         outs: list[list[int]] = []
         for f, start in zip(feeds, starts):
             k = len(f.tokens)
-            self.token[at: at + k] = f.tokens
-            self.pos[at: at + k] = np.arange(start, start + k, dtype=np.int32)
-            self.n_seq_id[at: at + k] = 1
-            sid = self._seq_id
-            for i in range(at, at + k):
-                sid[i][0] = f.seq
+            end = at + k
+            self.token[at:end] = f.tokens
+            self.pos[at:end] = self._arange[:k] + start  # positions continue the sequence
+            self.seq_slot[at:end] = f.seq
             if every:
-                self.logits[at: at + k] = 1
-                outs.append(list(range(at, at + k)))
+                outs.append(list(range(at, end)))
+            elif f.wants_row or last:
+                self.logits[end - 1] = 1
+                outs.append([end - 1])
             else:
-                self.logits[at: at + k] = 0
-                if f.wants_row:
-                    self.logits[at + k - 1] = 1
-                    outs.append([at + k - 1])
-                else:
-                    outs.append([])
-            at += k
+                outs.append([])
+            at = end
         self.raw.n_tokens = n
         return outs
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            L.llama_batch_free(self.raw)
+        """Nothing to free: the arrays are numpy's (kept for API symmetry with the runtime)."""

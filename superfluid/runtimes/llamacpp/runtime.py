@@ -7,6 +7,9 @@ Mapping (DESIGN §4):
   the rows asked for (all of them for draft verification); rc 1 (no KV slot) is
   ``Capacity`` (the lane faults OOM_TENTATIVE, the scheduler preempts), any other
   failure ``Fatal`` (the worker exits 70 and the daemon replays);
+- ``step_sampled`` samples each feed's last row where llama.cpp left it, with the host's
+  own sampler (logits.py): greedy and seeded lanes get the host path's tokens, and no
+  row is copied out;
 - ``seq_copy`` is ``llama_memory_seq_cp`` over the prefix: with the unified KV it shares
   cells; a recurrent state is copied whole or not at all;
 - ``seq_truncate`` is ``llama_memory_seq_rm`` from the cut on; a refusal (a recurrent
@@ -33,6 +36,7 @@ from ..base import (Capacity, Fatal, Feed, MemCounters, OutOfBoundary, RuntimeDe
 from .batch import StepBatch
 from .cells import CellLedger
 from .lib import ContextSpec, default_threads, load_model, new_context, recent_errors
+from .logits import LogitsView, sample_rows
 from .probe import ModelFacts, model_facts, probe_cell_bytes
 from .tokenizer import gguf_tokenizer
 
@@ -87,6 +91,7 @@ class LlamaCppRuntime:
         self._ctx = new_context(self.model, spec, path)
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = StepBatch(n_batch)
+        self._logits = LogitsView(self._ctx, facts.n_vocab)
         cells = 0 if facts.recurrent else L.llama_n_ctx(self._ctx)
         cell_bytes = self._measure_cell_bytes()
         seq_cap = min(max_seq_len, facts.n_ctx_train or max_seq_len)
@@ -99,8 +104,8 @@ class LlamaCppRuntime:
             runtime_id=f"llamacpp:{path.name}:{facts.arch}" + (":f32kv" if kv_f32 else ""),
             vocab_size=facts.n_vocab, max_batch=max_batch, max_seq_len=seq_cap, max_seqs=max_seqs, page=page,
             prefill_step_tokens=prefill_step_tokens, exact_only=recurrent, truncate_partial=not recurrent,
-            copy_shares_cells=not recurrent, takeover_preferred=recurrent, engine_sampling=False,
-            engine_draws=False, verify_batches=True, cell_bytes=cell_bytes, batch_invariant=False,
+            copy_shares_cells=not recurrent, takeover_preferred=recurrent, engine_sampling=True,
+            engine_draws=True, verify_batches=True, cell_bytes=cell_bytes, batch_invariant=False,
         )
         self._vocab: Vocabulary | None = None
         self._eos = frozenset(self.tokenizer.eos_ids) | ({facts.eos} if facts.eos >= 0 else set())
@@ -249,9 +254,11 @@ class LlamaCppRuntime:
             raise OutOfBoundary(f"a step of more than {self._batch.capacity} tokens")
         return starts
 
-    def _decode(self, feeds: Sequence[Feed], every: bool) -> list[list[np.ndarray]]:
+    def _decode(self, feeds: Sequence[Feed], every: bool, last: bool = False) -> tuple[list[list[int]], int]:
+        """One llama_decode over every feed; returns the batch's output indexes per feed
+        (see StepBatch.fill) and how many rows llama.cpp now holds."""
         starts = self._check(feeds)
-        outs = self._batch.fill(feeds, starts, every)
+        outs = self._batch.fill(feeds, starts, every, last)
         rc = L.llama_decode(self._ctx, self._batch.raw)
         if rc == 1:  # no KV slot: nothing of the batch went in
             raise Capacity(f"llama.cpp found no KV cells for {self._batch.raw.n_tokens} tokens")
@@ -261,27 +268,36 @@ class LlamaCppRuntime:
             self._len[f.seq] += len(f.tokens)
             if self.ledger is not None:
                 self.ledger.append(f.seq, len(f.tokens))
-        V = self.desc.vocab_size
-        rows = []
+        return outs, sum(len(o) for o in outs)
+
+    def _copied_rows(self, outs: list[list[int]], n: int) -> list[list[np.ndarray]]:
+        """Each feed's rows, copied out of llama.cpp's buffer (the next decode overwrites
+        it) in one copy; rows are in batch order, so feed by feed."""
+        if not n:
+            return [[] for _ in outs]
+        held = self._logits.rows(n).copy()
+        rows, at = [], 0
         for idx in outs:
-            got = []
-            for i in idx:
-                ptr = L.llama_get_logits_ith(self._ctx, i)
-                if not ptr:
-                    raise Fatal(f"llama.cpp has no logits for batch row {i}")
-                got.append(np.ctypeslib.as_array(ptr, shape=(V,)).copy())
-            rows.append(got)
+            rows.append(list(held[at: at + len(idx)]))
+            at += len(idx)
         return rows
 
     def step(self, feeds: Sequence[Feed]) -> list[np.ndarray]:
-        rows = self._decode(feeds, every=False)
+        outs, n = self._decode(feeds, every=False)
+        rows = self._copied_rows(outs, n)
         return [r[0] for r, f in zip(rows, feeds) if f.wants_row]
 
     def step_rows(self, feeds: Sequence[Feed]) -> list[list[np.ndarray]]:
-        return self._decode(feeds, every=True)
+        outs, n = self._decode(feeds, every=True)
+        return self._copied_rows(outs, n)
 
-    def step_sampled(self, feeds: Sequence[Feed], specs: Sequence[SampleSpec]) -> None:
-        return None  # sampling stays on the host: the executor's own, the same on every runtime
+    def step_sampled(self, feeds: Sequence[Feed], specs: Sequence[SampleSpec]) -> list[int]:
+        """Every feed's last row sampled where llama.cpp left it (logits.py: the host's
+        own sampler on the same values, so the same tokens); no row leaves the runtime."""
+        if len(specs) != len(feeds):
+            raise ValueError(f"{len(specs)} sample specs for {len(feeds)} feeds")
+        _, n = self._decode(feeds, every=False, last=True)
+        return sample_rows(self._logits.rows(n), specs)
 
     # ----------------------------------------------------------------- counters
 
