@@ -1,6 +1,7 @@
 """The engine: requests, scheduling over the tick contract, text, and the Python API.
 
-    request.py, params.py     what a generation is and what it asks for
+    request.py, params.py     what a generation is and what it asks for (errors.py: ParamError)
+    handles.py                a request's executor handles, acquired once and released once
     planner.py, scheduler.py  requests -> TickPlans; TickEvents -> request progress
     detokenizer.py, stop.py   text from token bytes; stop strings across tokens
     choice.py, outputs.py     one choice's text state; vLLM-shaped outputs and deltas
