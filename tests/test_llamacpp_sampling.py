@@ -17,7 +17,7 @@ pytest.importorskip("llama_cpp")
 import llama_cpp as L  # noqa: E402
 
 from lane_driver import Driver, LaneRun  # noqa: E402
-from superfluid.abi import Sampling, SamplingFlag, SamplingParams  # noqa: E402
+from superfluid.abi import Sampling, SamplingFlag, LaneParams  # noqa: E402
 from superfluid.executor import Executor  # noqa: E402
 from superfluid.executor import sampling as hs  # noqa: E402
 from superfluid.runtimes.base import Feed, SampleSpec  # noqa: E402
@@ -46,7 +46,7 @@ def _pair(path):
 def _host(row: np.ndarray, s: SampleSpec) -> int:
     if s.temperature <= 0.0:
         return hs.argmax(row)
-    return hs.sample(row, SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p),
+    return hs.sample(row, LaneParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p),
                      hs.uniform(s.rng_position))
 
 
@@ -115,9 +115,9 @@ class Counting:
 
 def _runs() -> list[LaneRun]:
     """Greedy and seeded lanes, side by side (EOS ignored: every lane runs its 24 tokens)."""
-    seeded = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.01, flags=SamplingFlag.IGNORE_EOS)
-    hot = SamplingParams(temperature=1.5, flags=SamplingFlag.IGNORE_EOS)
-    greedy = SamplingParams(flags=SamplingFlag.IGNORE_EOS)
+    seeded = LaneParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.01, flags=SamplingFlag.IGNORE_EOS)
+    hot = LaneParams(temperature=1.5, flags=SamplingFlag.IGNORE_EOS)
+    greedy = LaneParams(flags=SamplingFlag.IGNORE_EOS)
     modes = [(Sampling.GREEDY, greedy), (Sampling.SAMPLE, seeded), (Sampling.SAMPLE, hot),
              (Sampling.GREEDY, greedy), (Sampling.SAMPLE, seeded)]
     return [LaneRun(i + 1, PROMPT[i:] + PROMPT[:i], 24, sampling=m, params=p, rounds=3, rng_base=77 + i)

@@ -23,7 +23,7 @@ import numpy as np
 
 import llama_cpp as L
 
-from ...abi import SamplingParams
+from ...abi import LaneParams
 from ...executor import sampling as hs
 from ..base import Fatal, SampleSpec
 
@@ -49,8 +49,8 @@ class LogitsView:
         return self._view
 
 
-def _params(spec: SampleSpec) -> SamplingParams:
-    return SamplingParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
+def _params(spec: SampleSpec) -> LaneParams:
+    return LaneParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
 
 
 def sample_rows(rows: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
