@@ -2,7 +2,8 @@
 
     request.py, params.py     what a generation is and what it asks for (errors.py: ParamError)
     handles.py                a request's executor handles, acquired once and released once
-    planner.py, scheduler.py  requests -> TickPlans; TickEvents -> request progress
+    planner.py, scheduler.py  requests -> TickPlans; tick_events.py: TickEvents -> request progress
+    updates.py                what a step reports (RequestUpdate, stats, errors)
     detokenizer.py, stop.py   text from token bytes; stop strings across tokens
     choice.py, outputs.py     one choice's text state; vLLM-shaped outputs and deltas
     engine.py                 the synchronous engine (one thread owns the executor)

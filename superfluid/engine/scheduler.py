@@ -1,7 +1,7 @@
 """Continuous batching over the tick contract.
 
 One step reads in a few lines: build a plan from the requests (``Planner``), run
-it (``Executor.run_tick``), apply the events (``update``). A plan the executor
+it (``Executor.run_tick``), apply the events (``update``, tick_events.py). A plan the executor
 answers with ``NeedsReplan`` changed nothing, so the step rebuilds it tighter:
 fewer admissions, then one decode round, then a preempted lane (retired without
 publishing, re-admitted later with ``decode_replay``), and only when a single
@@ -18,9 +18,6 @@ tick short when a request arrives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 import msgspec
 
 from .. import abi
@@ -29,61 +26,14 @@ from .config import SchedulerConfig
 from .host_pick import HostPickError
 from .host_sampling import HostSampler
 from .handles import LeasedPrefix
-from .planner import Admission, Limits, Planner, ScheduledTick, SchedulerView
-from . import cache_keys
+from .planner import Limits, Planner, ScheduledTick, SchedulerView
 from .priority import PriorityPolicy
 from .request import FinishReason, Request, Status
+from .tick_events import EventsApplied
+from .updates import RequestUpdate, SchedulerError, SchedulerStats, TokenCallback, update_of
 
 
-# A request whose grammar admits no token of the vocabulary at some point ends with this
-# error: the client's doing (HTTP 400), not a server fault.
-GRAMMAR_DEAD_END = "the response format's grammar admits no token of this model's vocabulary here (GRAMMAR_OVERFLOW)"
-
-class SchedulerError(RuntimeError):
-    """The executor rejected a plan: a bug on this side, not a request's fault."""
-
-
-@dataclass
-class RequestUpdate:
-    request: Request
-    new_token_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[abi.LaneLogprob] = field(default_factory=list)
-    finished: bool = False
-
-
-@dataclass
-class SchedulerStats:
-    ticks: int = 0
-    replans: int = 0
-    preemptions: int = 0
-    prefix_hit_tokens: int = 0  # prompt tokens leases covered, over every admission
-    prompt_tokens: int = 0  # prompt tokens admitted for the first time
-    generation_tokens: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    kv_blocks_total: int = 0
-    kv_blocks_used: int = 0
-    # per retention class ("none", "in_memory", "24h"): admissions a lease served, and the
-    # cache's resident / protected / exported bytes after the last tick
-    cache_hits: dict = field(default_factory=dict)
-    cache_bytes: dict = field(default_factory=dict)
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-
-# A token picked inside a running tick, with its logprob, for the engine to stream now.
-TokenCallback = Callable[[Request, int, "abi.LaneLogprob | None"], None]
-
-def _update_of(updates: dict[int, RequestUpdate], req: Request) -> RequestUpdate:
-    return updates.setdefault(id(req), RequestUpdate(req))
-
-
-_FINISH = {abi.Finish.EOS: FinishReason.STOP, abi.Finish.LENGTH: FinishReason.LENGTH, abi.Finish.GRAMMAR: FinishReason.STOP}
-
-
-class Scheduler:
+class Scheduler(EventsApplied):
     def __init__(self, executor, rings, config: SchedulerConfig = SchedulerConfig(), eos_ids: frozenset[int] = frozenset()):
         self.ex = executor
         self.rings = rings
@@ -288,7 +238,7 @@ class Scheduler:
         finally:
             self._ticking = False
             for req in self._end_requests():
-                _update_of(updates, req).finished = True
+                update_of(updates, req).finished = True
             if not applied:  # the tick raised (a lost worker): what it ended goes out with the next step
                 self._carried += list(updates.values())
         return out, list(updates.values()) if out.status == abi.Status.OK else []
@@ -334,121 +284,6 @@ class Scheduler:
         self._accept(req, token)
         return True
 
-    # ------------------------------------------------------------ events
-    def update(self, tick: ScheduledTick, events: abi.TickEvents, updates: dict[int, RequestUpdate] | None = None,
-               tokens_streamed: bool = False) -> list[RequestUpdate]:
-        """Apply an accepted tick's events. Usable with hand-made events in tests.
-        ``tokens_streamed``: the tick's tokens came as partial emits, so the events'
-        tokens are not taken again (only counted)."""
-        self.stats.ticks += 1
-        self._orphans = []
-        self._orphan_cells = 0
-        for tag in tick.retires:
-            self.running.pop(tag, None)
-        for c in tick.plan.commits:
-            req = self.running.get(c.lane_tag)
-            if req is not None and req.host_commit is c:
-                req.host_commit = None
-        for adm in tick.admissions:
-            self._apply_admission(adm)
-        self._apply_prefills(tick, events.shed)
-        updates = {} if updates is None else updates  # id(request) -> its update, first event first
-        self._apply_faults(events.faults, updates)
-        for plp in events.prompt_logprobs:
-            req = self.running.get(plp.lane_tag)
-            if req is not None:
-                req.prompt_scores[plp.position] = plp
-        logprobs: dict[int, list[abi.LaneLogprob]] = {}
-        for lp in events.logprobs:
-            logprobs.setdefault(lp.lane_tag, []).append(lp)
-        for emit in events.emits:
-            req = self.running.get(emit.lane_tag)
-            if req is not None:
-                self._apply_emit(req, emit, [] if tokens_streamed else logprobs.get(emit.lane_tag, []), tokens_streamed, updates)
-        self._note_memory(events.mem)
-        return list(updates.values())
-
-    def _apply_admission(self, adm: Admission) -> None:
-        """The request now holds its lane, prefilled as far as its lease reaches."""
-        req = adm.request
-        self._count_admission(adm)
-        self.stats.prefix_hit_tokens += adm.lease.prefix_len if adm.lease else 0
-        if req in self.waiting:
-            self.waiting.remove(req)
-        req.lane_tag = adm.lane_tag
-        self.running[adm.lane_tag] = req
-        if req.is_finished:
-            # It finished within this very tick (a partial emit hit max_tokens or a
-            # stop string before the admission was applied): its lane still retires.
-            req.retire_pending = True
-            return
-        req.status = Status.RUNNING
-        req.prefilled = adm.lease.prefix_len if adm.lease else 0
-        req.prefill_end = adm.prefill_end
-        req.replay = adm.replay
-        req.replay_pending = adm.replay > 0
-        req.lane_finished = False
-        req.retire_pending = False
-
-    def _apply_prefills(self, tick: ScheduledTick, shed: abi.ShedReport) -> None:
-        """Lanes advance by the chunks planned, less what the executor shed of them."""
-        dropped: dict[int, int] = {}
-        for e in shed.entries:
-            if e.kind == abi.ShedKind.PREFILL_CHUNK:
-                dropped[e.lane_tag] = dropped.get(e.lane_tag, 0) + e.tokens
-        for tag, n in tick.prefills.items():
-            req = self.running.get(tag)
-            if req is not None:
-                req.prefilled += n - dropped.get(tag, 0)
-
-    def _apply_faults(self, faults: list[abi.LaneFault], updates: dict[int, RequestUpdate]) -> None:
-        """A faulted lane is gone; its request is retried (a tentative OOM, a few
-        times) or fails, alone."""
-        for f in faults:
-            req = self.running.pop(f.lane_tag, None)
-            if req is None or req.done:
-                continue
-            req.lane_tag = None  # the executor dropped the lane: nothing to retire
-            if f.code == abi.FaultCode.OOM_TENTATIVE and req.num_oom_retries < self.config.max_oom_retries:
-                req.num_oom_retries += 1
-                self._requeue(req)
-                continue
-            if f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
-                self.finish(req, FinishReason.ERROR, GRAMMAR_DEAD_END)
-            else:
-                name = abi.FaultCode(f.code).name if f.code in abi.FaultCode._value2member_map_ else str(f.code)
-                self.finish(req, FinishReason.ERROR, f"the lane failed ({name})")
-            _update_of(updates, req).finished = True
-
-    def _apply_emit(
-        self, req: Request, emit: abi.LaneEmit, lps: list[abi.LaneLogprob], tokens_streamed: bool,
-        updates: dict[int, RequestUpdate],
-    ) -> None:
-        """One lane's emit: a host lane's row goes to its callbacks; its tokens arrive
-        (unless they came as partial emits) until one ends the request; a finish ends it."""
-        if emit.spec.proposed:
-            self.stats.spec_proposed += emit.spec.proposed
-            self.stats.spec_accepted += emit.spec.accepted
-        if emit.logits_row.length and not req.done:
-            # A host lane's row: copied now, before the next tick rewrites the ring.
-            req.replay_pending = False
-            self.host.submit(req, emit.lane_tag, emit.logits_row.generation, self.rings.read_logits_row(emit.logits_row))
-        self.stats.generation_tokens += emit.n_tokens
-        if emit.finish != abi.Finish.NONE:
-            req.lane_finished = True
-        if req.done:
-            return  # it ended within this tick; the rest is discarded
-        u = _update_of(updates, req)
-        tokens = [] if tokens_streamed or not emit.n_tokens else self.rings.read_emits(emit.token_ref)
-        for i, token in enumerate(tokens):
-            if not self._arrive(req, token):
-                break
-            u.new_token_ids.append(token)
-            if i < len(lps):
-                u.new_logprobs.append(lps[i])
-        if not req.done and emit.finish != abi.Finish.NONE:
-            self.finish(req, _FINISH.get(abi.Finish(emit.finish), FinishReason.STOP))
-        u.finished = req.is_finished
 
     def _host_picks(self) -> list[RequestUpdate]:
         """Accept the tokens host callbacks picked; a failed callback fails its request."""
@@ -473,15 +308,6 @@ class Scheduler:
             u.finished = req.is_finished
         return updates
 
-    def _count_admission(self, adm: Admission) -> None:
-        req = adm.request
-        if not req.admitted_once:
-            req.admitted_once = True
-            req.cached_tokens = min(adm.lease.prefix_len if adm.lease else 0, len(req.prompt_token_ids))
-            if req.cached_tokens:
-                cache_keys.count_hit(self.stats.cache_hits, req.cache_retention)
-            self.stats.prompt_tokens += len(req.prompt_token_ids)
-
     def _accept(self, req: Request, token: int) -> bool:
         """Append one generated token; False once the request is finished by it."""
         req.output_token_ids.append(token)
@@ -492,19 +318,6 @@ class Scheduler:
             self.finish(req, FinishReason.LENGTH)
             return False
         return True
-
-    def _note_memory(self, mem: abi.TickMemCounters) -> None:
-        self.stats.kv_blocks_total = mem.pool_blocks_total
-        self.stats.kv_blocks_used = mem.pool_blocks_used
-        pool = mem.pool_blocks_total * self.desc.page * self.desc.cell_bytes
-        self._protected_quota = cache_keys.note_classes(self.stats.cache_bytes, mem, pool, self.config.cache_protected_fraction)
-        if mem.pool_blocks_total == 0:
-            self._free_cells = None  # the runtime does not count cells: NeedsReplan decides
-            return
-        page = self.desc.page
-        evictable = mem.pool_bytes_evictable // self.desc.cell_bytes if self.desc.cell_bytes else 0
-        free = (mem.pool_blocks_total - mem.pool_blocks_used) * page + evictable
-        self._free_cells = free - int(self.config.kv_watermark * mem.pool_blocks_total * page)
 
     # ------------------------------------------------------------ memory pressure
     def _relieve(self, tick: ScheduledTick, limits: Limits) -> Limits:

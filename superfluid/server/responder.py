@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from ..engine.async_engine import RequestStream
 from ..engine.outputs import Delta
-from ..engine.scheduler import GRAMMAR_DEAD_END
+from ..engine.updates import GRAMMAR_DEAD_END
 from .deadline import DEADLINE_CODE, message, with_deadline
 from .errors import APIError
 from .render import Choice, Usage, error_event, sse
