@@ -244,35 +244,34 @@ def test_fatal_error_exits_70_in_a_worker():
     assert "not reached" not in p.stdout and "daemon starts a clean one" in p.stderr
 
 
-def test_partial_emits_reach_the_callback_in_order():
+def _partial_tick(**admit):
+    """One lane admitted, prefilled and decoded 6 rounds in one tick with partial emits:
+    (what the callback got, the events' tokens, the events)."""
     ex = Executor(ToyRuntime())
     r = ex.rings
     r.begin_prompts()
     ref = r.write_prompt(prompt_of(10))
     got = []
     out = ex.run_tick(
-        TickPlan(1, flags=2, admits=[LaneAdmit(1, ref)], prefills=[PrefillChunk(1, 0, 10)], decodes=[LaneDecode(1, 6)]),
-        on_partial_emit=lambda e: got.append((e.lane_tag, e.token)),
+        TickPlan(1, flags=2, admits=[LaneAdmit(1, ref, **admit)], prefills=[PrefillChunk(1, 0, 10)],
+                 decodes=[LaneDecode(1, 6)]),
+        on_partial_emit=got.append,
     )
-    assert [t for _, t in got] == r.read_emits(out.events.emits[0].token_ref) and len(got) == 6
+    return got, r.read_emits(out.events.emits[0].token_ref), out.events
+
+
+def test_partial_emits_reach_the_callback_in_order():
+    got, tokens, _ = _partial_tick()
+    assert [e.token for e in got] == tokens and len(got) == 6 and {e.lane_tag for e in got} == {1}
 
 
 def test_partial_emits_carry_what_the_events_say():
     """A partial emit carries the token's logprob: the scheduler needs nothing else of
     the events' tokens."""
-    ex = Executor(ToyRuntime())
-    r = ex.rings
-    r.begin_prompts()
-    ref = r.write_prompt(prompt_of(10))
-    got = []
-    out = ex.run_tick(
-        TickPlan(1, flags=2, admits=[LaneAdmit(1, ref, sampling=Sampling.SAMPLE, params=LaneParams(temperature=0.8),
-                                               rng_counter_base=3, want_logprobs=4)],
-                 prefills=[PrefillChunk(1, 0, 10)], decodes=[LaneDecode(1, 6)]),
-        on_partial_emit=got.append,
-    )
-    assert [e.token for e in got] == r.read_emits(out.events.emits[0].token_ref)
-    assert [e.logprob for e in got] == out.events.logprobs and all(e.logprob is not None for e in got)
+    got, tokens, events = _partial_tick(sampling=Sampling.SAMPLE, params=LaneParams(temperature=0.8),
+                                        rng_counter_base=3, want_logprobs=4)
+    assert [e.token for e in got] == tokens
+    assert [e.logprob for e in got] == events.logprobs and all(e.logprob is not None for e in got)
 
 
 def test_logprobs_come_with_each_token():
