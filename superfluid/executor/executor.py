@@ -96,15 +96,8 @@ class Executor:
         return self.ctx.spec.gate
 
     @property
-    def grammars(self):
-        return self.ctx.grammars.store
-
-    @property
     def prefill_secs_per_token(self) -> float | None:
         return self.ctx.pace.prefill_secs_per_token
-
-    def live_sequences(self) -> int:
-        return self.ctx.live_sequences()
 
     # ------------------------------------------------- operations between ticks
     def lease_prefix(self, prompt: list[int], ttl_ticks: int = 4, determinism_class: int = 0,
