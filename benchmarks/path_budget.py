@@ -6,7 +6,8 @@ Each layer of the path is measured on its own, with the same prompt and greedy o
 (ignore_eos, --tokens each), every round measuring all of them in turn (servers one at a
 time, each alone):
 
-1. ``runtime``: TorchRuntime.step_sampled, one lane, one token a step (what the model costs).
+1. ``runtime``: the runtime's step_sampled (TorchRuntime, or LlamaCppRuntime with
+   ``--runtime llamacpp``), one lane, one token a step (what the model costs).
 2. ``engine``: LLM.generate in this process (scheduler, planner, executor tick, detokenizer,
    stop checks): (t(N tokens) - t(1 token)) / (N - 1).
 3. ``server_in_process``: `superfluid serve --in-process` streamed over HTTP (FastAPI, the
@@ -18,6 +19,7 @@ Each layer's own cost is its figure minus the one below it. Writes JSON (the med
 run, the machine) to benchmarks/results/path_budget.json and prints a Markdown table.
 
     .venv/bin/python benchmarks/path_budget.py [--rounds 3] [--tokens 64] [--server-arg=--quant=q4_1]
+    .venv/bin/python benchmarks/path_budget.py --runtime llamacpp --out benchmarks/results/path_budget_llamacpp.json
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=3, help="streams per server per round")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--server-arg", action="append", default=[], help="extra `superfluid serve` argument")
+    ap.add_argument("--runtime", default="torch", choices=("torch", "llamacpp"),
+                    help="the runtime of every layer (the servers get --runtime too)")
     ap.add_argument("--speculative", action="store_true",
                     help="keep prompt-lookup drafting on in the engine and servers (off by default here: the "
                          "bare runtime layer does not draft, so the layers would not be comparable)")
@@ -144,8 +148,9 @@ def main() -> None:
 
     if not args.speculative:
         args.server_arg.append("--no-speculative")
+    args.server_arg.append(f"--runtime={args.runtime}")
     for rnd in range(args.rounds):
-        llm = LLM(scheduler=SchedulerConfig(speculative=args.speculative))
+        llm = LLM(runtime=args.runtime, scheduler=SchedulerConfig(speculative=args.speculative))
         tok = llm.engine.tokenizer
         prompt_ids = tok.encode(tok.apply_chat_template(messages))
         runs["runtime"].append(runtime_ms(llm.engine.ex.prim, prompt_ids, args.tokens))  # the runtime the engine drives
@@ -157,7 +162,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     below = dict(zip(LAYERS[1:], LAYERS[:-1]))
     own = {k: med[k] - (med[below[k]] if k in below else 0.0) for k in LAYERS}
-    report = {"benchmark": "path_budget", "cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+    report = {"benchmark": "path_budget", "runtime": args.runtime, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
               "tokens": args.tokens, "rounds": args.rounds, "server_args": args.server_arg,
               "load_avg": list(os.getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "ms_per_token": med, "own_ms_per_token": own, "runs": runs}

@@ -363,3 +363,57 @@ def test_spec_gate_turns_drafting_off_when_it_does_not_pay():
     assert any(drafted[:6])  # measured on at first
     assert not any(drafted[-10:])  # then the gate keeps it off
     assert run.out == reference(LaneParams(), Sampling.GREEDY, prompt, n=120)
+
+
+# ---------------------------------------------------------------- riders
+
+
+class CountingSteps(ToyRuntime):
+    """Records the feeds of every step so a test can see which lanes shared one."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.fed: list[list[tuple[int, int]]] = []  # per step: (seq, tokens fed)
+
+    def step(self, feeds):
+        self.fed.append([(f.seq, len(f.tokens)) for f in feeds])
+        return super().step(feeds)
+
+    def step_sampled(self, feeds, specs):
+        self.fed.append([(f.seq, len(f.tokens)) for f in feeds])
+        return super().step_sampled(feeds, specs)
+
+
+def test_running_lanes_ride_in_the_prefill_step_and_keep_their_text():
+    rt = CountingSteps(max_batch=4)
+    ex = Executor(rt)
+    d = Driver(ex)
+    a = d.add(LaneRun(1, prompt_of(15, 1), 10, rounds=1))
+    b = d.add(LaneRun(2, prompt_of(15, 2), 10, rounds=1))
+    d.tick()  # both prefill and take their first token
+    d.tick()  # both decode one round alone
+    c_run = d.add(LaneRun(3, prompt_of(40, 3), 10, rounds=1))
+    rt.fed.clear()
+    d.tick()  # c prefills; a and b ride along in that step instead of a round of their own
+    seq_c = ex.lanes[3].seq
+    assert len(rt.fed) == 1, rt.fed
+    assert sorted(rt.fed[0]) == sorted([(ex.lanes[1].seq, 1), (ex.lanes[2].seq, 1), (seq_c, 40)])
+    d.run()
+    for r in (a, b, c_run):
+        assert r.fault == 0 and r.out == reference(LaneParams(), Sampling.GREEDY, r.prompt, n=10)
+
+
+def test_riders_never_exceed_max_batch():
+    rt = CountingSteps(max_batch=2)
+    ex = Executor(rt)
+    d = Driver(ex)
+    runs = [d.add(LaneRun(i, prompt_of(15, i), 6, rounds=1)) for i in (1, 2)]
+    d.tick()
+    d.tick()
+    runs.append(d.add(LaneRun(3, prompt_of(30, 3), 6, rounds=1)))
+    rt.fed.clear()
+    d.tick()
+    assert rt.fed and all(len(s) <= 2 for s in rt.fed), rt.fed
+    d.run()
+    for r in runs:
+        assert r.fault == 0 and r.out == reference(LaneParams(), Sampling.GREEDY, r.prompt, n=6)

@@ -112,17 +112,18 @@ def test_resent_prompt_and_next_turn_are_cached(served):
     first = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
     again = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0)
     n = first.usage.prompt_tokens
-    assert n > 128 and first.usage.prompt_tokens_details.cached_tokens == 0
+    # at most the chat template's header, which the fixture's earlier requests shared (page 1)
+    assert n > 128 and first.usage.prompt_tokens_details.cached_tokens < 16
     cached = again.usage.prompt_tokens_details.cached_tokens
     if name != "llama":  # recurrent or hybrid: exact_only
         assert cached == n - 1  # the exact checkpoint one token short of the prompt's end
     else:
-        assert cached >= n - 16  # whole pages
+        assert cached == n  # page 1: the whole prompt (its last token is held back for the first decode)
     assert again.choices[0].message.content == first.choices[0].message.content
     turn2 = msgs + [{"role": "assistant", "content": first.choices[0].message.content},
                     {"role": "user", "content": "and then?"}]
     nxt = client.chat.completions.create(model=model, messages=turn2, max_tokens=8, temperature=0)
-    assert nxt.usage.prompt_tokens_details.cached_tokens >= n - 16
+    assert nxt.usage.prompt_tokens_details.cached_tokens >= (n - 1 if name != "llama" else n)
     fresh = Server("--model", str(server.cmd[server.cmd.index("--model") + 1]), "--runtime-arg", "n_threads=1",
                    "--runtime-arg", "kv_f32=true", "--no-prefix-cache", runtime="llamacpp")
     try:

@@ -283,7 +283,7 @@ async def kill_worker_when(server: Server, after_s: float) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("failure", ["step:fatal:1:400", "step:hang:1:400"])
+@pytest.mark.parametrize("failure", ["step:fatal:1:200", "step:hang:1:200"])
 def test_chaos_under_load_loses_nothing_and_memory_stays_flat(failure):
     """64 concurrent streams (10% malformed) while the worker's runtime fails: OOM on
     copies and creates (lane faults, retried), a fatal step (exit 70) or a step that hangs
@@ -298,7 +298,7 @@ def test_chaos_under_load_loses_nothing_and_memory_stays_flat(failure):
     finally:
         clean.cleanup()
     spec = f"seq_copy:oom:3:5,seq_create:oom:2:30,{failure}"
-    # --no-speculative: the failures are placed by the runtime call they hit (the 400th step),
+    # --no-speculative: the failures are placed by the runtime call they hit (the 200th step),
     # and drafts would let the same work take fewer steps
     s = Server("--max-queued-requests", "1024", "--worker-stall-timeout", "3", "--no-speculative",
                env={"SUPERFLUID_FAIL_RUNTIME": spec})

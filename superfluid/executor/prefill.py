@@ -11,6 +11,12 @@ Invariants:
 - A lane that wants prompt logprobs is stepped for every position's row (``step_rows``):
   the row at position p scores prompt token p + 1. Its last row doubles as the row the
   first decode samples from, so scoring changes no token.
+- Running lanes ride along: the first prefill step also feeds each decoding lane's
+  pending token and keeps its row, so their first round costs no step of its own
+  (there is no prefill phase, only tokens to catch up: one runtime step carries both,
+  as one weight pass). The row is the one the first round would have stepped for: the
+  same input on the same history, so the token is too wherever rows do not depend on
+  the batch.
 """
 
 from __future__ import annotations
@@ -101,8 +107,10 @@ def prefill_phase(c: TickContext, st: TickState) -> None:
                     st.dropped(w.tag, w.end - w.next)
             st.yielded = True
             break
-        stepped = True
+        first, stepped = not stepped, True
         step = _plan_step(c, st, work, step_cap, decode_tags)
+        if first:
+            step.feeds += _riders(c, st, {w.tag for w in work}, max(c.desc.max_batch, 1) - len(step.feeds))
         ran += step.tokens
         _run_step(c, st, step)
     st.prefill_ns = time.perf_counter_ns() - t0
@@ -124,6 +132,28 @@ def _budgeted(st: TickState) -> list[_Work]:
         if take > 0:
             work.append(_Work(p.lane_tag, p.token_offset, p.token_offset + take))
     return work
+
+
+def _riders(c: TickContext, st: TickState, prefilling: set[int], room: int) -> list[_Planned]:
+    """Up to ``room`` decoding lanes (a step carries at most max_batch feeds) whose first
+    round can ride in the first prefill step: fully prefilled before this tick, with a
+    pending token, and nothing the decode phase must see first (a fault, a commit's
+    finish, an injected fault, a replay)."""
+    riders: list[_Planned] = []
+    for d in st.plan.decodes:
+        if len(riders) >= room:
+            break
+        tag = d.lane_tag
+        if d.max_new_tokens <= 0 or tag in prefilling or tag in st.faulted or tag in st.commit_finishes:
+            continue
+        lane = c.lanes.get(tag)
+        if lane is None or tag in c.injected or tag in st.rows or lane.pending_input is None:
+            continue
+        if len(lane.committed) < len(lane.prompt):
+            continue  # decode-replays first
+        riders.append(_Planned(tag, [lane.pending_input], True, lane.ingested()))
+        lane.pending_input = None
+    return riders
 
 
 @dataclass

@@ -45,13 +45,17 @@ PAYLOAD_KIND = "llamacpp-seq-state"
 
 class LlamaCppRuntime:
     def __init__(self, model: str | Path = DEFAULT_MODEL, max_batch: int = 16, max_seqs: int = 0,
-                 n_ctx: int = 16384, kv_cache_mb: int = 0, max_seq_len: int = 8192, page: int = 16,
+                 n_ctx: int = 16384, kv_cache_mb: int = 0, max_seq_len: int = 8192, page: int = 1,
                  prefill_step_tokens: int = 512, n_threads: int = 0, n_ubatch: int = 512, kv_f32: bool = False,
                  extra_bufts: bool = False):
         """n_ctx: KV cells in the one unified pool (kv_cache_mb, if given, sizes it instead);
         max_seqs: llama.cpp sequence ids (default 4 x max_batch: lanes and cache entries
         both hold one; at most 256); kv_f32: fp32 K/V instead of llama.cpp's fp16;
-        extra_bufts: llama.cpp's repacked weight layouts (lib.load_model says why off)."""
+        extra_bufts: llama.cpp's repacked weight layouts (lib.load_model says why off);
+        page: the prefix cache's granularity in tokens. 1: llama.cpp's cells are not paged
+        and ``seq_cp`` shares any prefix, so a cached prefix is used to the token, as
+        llama-server's slots use theirs (16 would leave up to 15 tokens of every hit to prefill
+        again: a short shared system prompt would mostly miss)."""
         path = resolve_model(model)
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: the llamacpp runtime loads .gguf files only")
