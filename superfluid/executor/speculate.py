@@ -20,7 +20,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SpecConfig:
-    max_depth: int = 6  # most tokens drafted per round
+    # Most tokens drafted per round. A verification of k drafts is one step of k + 1 rows,
+    # and past 4 rows the native GEMV's step cost climbs steeply (AMD EPYC Zen 5, SmolLM2
+    # q4_1, one lane: 2 / 3 / 4 / 5 / 7 rows cost 1.12 / 1.43 / 1.50 / 1.89 / 3.42 one-row
+    # steps; llama.cpp's CPU kernels scale about linearly: 1.9x at 2). With acceptance
+    # around 0.8 (grounded prompts) expected tokens per cost peak at 3 drafts; paired
+    # in-process runs on grounded c=1 gave 1.25x over no drafting at 3, 1.23x at 4 and
+    # 1.06x at 6.
+    max_depth: int = 3
     min_ngram: int = 1
     max_ngram: int = 3
     cert_id: int = 1  # names this configuration in AdmitResult / SpecStats
