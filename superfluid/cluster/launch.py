@@ -59,7 +59,9 @@ def start_cluster(config: EngineConfig, cfg: ClusterConfig, max_queued: int = 25
     infos = ray.get([a.ready.remote() for a in actors])
     slots = [ReplicaSlot(info["name"], a, info) for a, info in zip(actors, infos)]
     desc = infos[0]["desc"]
-    router = Router(RouterConfig(page=max(desc.page, 1), load_factor=cfg.load_factor))
+    # Routing pages are at least the router's own (16 tokens): a runtime whose cache matches
+    # to the token (llamacpp, page 1) would otherwise hash only the first max_pages tokens.
+    router = Router(RouterConfig(page=max(desc.page, RouterConfig.page), load_factor=cfg.load_factor))
     cluster = ClusterEngine(slots, router, max_queued=max_queued)
     kind, kw, name = runtime_args(config)
     cluster.engine = ClusterCore(cluster, _tokenizer_for(kind, kw, desc.vocab_size), desc, config, name)

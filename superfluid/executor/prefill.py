@@ -146,8 +146,8 @@ def _riders(c: TickContext, st: TickState, prefilling: set[int], room: int) -> l
         tag = d.lane_tag
         if d.max_new_tokens <= 0 or tag in prefilling or tag in st.faulted or tag in st.commit_finishes:
             continue
-        lane = c.lanes.get(tag)
-        if lane is None or tag in c.injected or tag in st.rows or lane.pending_input is None:
+        lane = c.lanes[tag]  # a decode names a live lane unless it faulted (above)
+        if tag in c.injected or lane.pending_input is None:
             continue
         if len(lane.committed) < len(lane.prompt):
             continue  # decode-replays first
