@@ -133,7 +133,8 @@ def serve(args: argparse.Namespace) -> int:
     print(f"superfluid: serving {args.served_model_name or config.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.drain_timeout + 2.0,
-                               h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES)
+                               h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
+                               http="h11", loop="auto")  # h11: the header bound (httptools has none); auto: uvloop
     Server(uv_config).run()
     return 0
 

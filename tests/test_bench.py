@@ -208,6 +208,26 @@ def test_multi_turn_resends_the_whole_history():
     assert max(r.meta["turn"] for r in reqs) == 3
 
 
+def test_multi_turn_sessions_send_turns_in_order_with_the_real_answers():
+    reqs = make_dataset("multi-turn", 8, seed=0, output_len=6)  # two sessions of four turns
+    r, srv = bench(reqs, {"first_delay_s": 0.02, "token_delay_s": 0.002}, max_concurrency=8)
+    assert r["completed"] == 8 and r["failed"] == 0
+    assert srv.max_in_flight == 2  # one turn of each session at a time
+    by_prompt = {json.dumps(b["messages"][-1]): (b, t) for b, t in zip(srv.bodies, srv.arrivals)}
+    for q in reqs:
+        body, _ = by_prompt[json.dumps(q.messages[-1])]
+        sent = body["messages"]
+        assert [m["role"] for m in sent] == [m["role"] for m in q.messages]
+        assert [m["content"] for m in sent if m["role"] == "user"] == [m["content"] for m in q.messages if m["role"] == "user"]
+        # the fake streams "tok " max_tokens times: every earlier answer is what it sent
+        assert all(m["content"] == "tok " * 6 for m in sent if m["role"] == "assistant")
+    # turn k+1 of a session arrives after turn k's stream ended (at least 6 token delays)
+    for a, b in zip(reqs, reqs[1:]):
+        if a.meta["session"] == b.meta["session"]:
+            ta, tb = by_prompt[json.dumps(a.messages[-1])][1], by_prompt[json.dumps(b.messages[-1])][1]
+            assert tb - ta >= 0.02 + 5 * 0.002
+
+
 def test_grounded_sources_are_in_the_prompt():
     reqs = make_dataset("grounded", 10, seed=0, output_len=64)
     assert {r.kind for r in reqs} == {"grounded-text", "grounded-code"}

@@ -314,6 +314,17 @@ def test_prefix_cache_hit_is_reported_and_faster(server):
     assert any(w < c for w, c in seen), seen
 
 
+def test_oversized_headers_are_refused_and_the_server_goes_on(server):
+    # superfluid serve runs uvicorn's h11 parser for its header bound (server/limits.py);
+    # httptools, which uvicorn would pick where it is installed, reads any size.
+    try:
+        status = httpx.get(server + "/health", headers={"x-big": "x" * (1 << 20)}, timeout=30).status_code
+    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+        status = "closed"  # refused while the client was still sending
+    assert status in (400, "closed"), status
+    assert httpx.get(server + "/health").json()["status"] == "ok"
+
+
 def test_health_after_everything(server):
     h = httpx.get(server + "/health").json()
     assert h["status"] == "ok"

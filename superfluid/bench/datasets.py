@@ -14,8 +14,9 @@ always gives the same requests, so two servers measured side by side see the sam
                            (json_schema); outputs end when the object does (no ignore_eos)
     long                   a ~2,000-token document of its own per request, then a question
                            (prefill-bound; no shared prefix)
-    multi-turn             chat sessions of several turns; each turn resends the whole history
-                           (earlier answers are stand-in prose), so turn k shares turns < k
+    multi-turn             chat sessions of several turns; each turn resends the whole history.
+                           The load generator sends a session's turns one after another with
+                           the server's real answers in it (a listing shows stand-in prose)
 
 Token counts are estimates (English prose from a common-word vocabulary runs ~1.3
 tokens a word in GPT-2-style BPE); the serving results report the real counts from usage.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 TOKENS_PER_WORD = 1.3
 
@@ -138,6 +139,14 @@ class BenchRequest:
         """The messages as one plain prompt, for /v1/completions."""
         parts = [f"{m['role']}: {m['content']}" for m in self.messages]
         return "\n\n".join(parts) + "\n\nassistant:"
+
+    def with_answers(self, answers: list[str]) -> "BenchRequest":
+        """This request with its first assistant turns replaced by ``answers``: a multi-turn
+        session resends what the server actually answered, as a chat client does."""
+        it = iter(answers)
+        msgs = tuple(dict(m, content=next(it, m["content"])) if m["role"] == "assistant" else m
+                     for m in self.messages)
+        return replace(self, messages=msgs)
 
     def body(self, model: str, endpoint: str = "chat", ignore_eos: bool = False, temperature: float = 0.0,
              extra: dict | None = None) -> dict:
@@ -285,7 +294,8 @@ def _multi_turn(rng: random.Random, n: int, output_len: int, turns: int = 4) -> 
             history.append({"role": "user", "content": ask})
             out.append(BenchRequest(messages=tuple(dict(m) for m in history), max_tokens=output_len,
                                     kind="multi-turn", meta={"session": session, "turn": turn}))
-            # a stand-in answer of about output_len tokens: the next turn resends it
+            # a stand-in answer of about output_len tokens; the load generator (bench/serve.py)
+            # sends a session's turns one after another and puts the server's real answer here
             history.append({"role": "assistant", "content": prose(rng, output_len)})
         session += 1
     return out

@@ -9,7 +9,8 @@ Streams every request with ``httpx.AsyncClient`` and times it on the client:
 
 Load is a fixed concurrency (``max_concurrency`` requests in flight) and/or a Poisson
 arrival process (``request_rate`` requests/s; inf: all at once, bounded by concurrency).
-Output tokens come from the usage chunk (``stream_options.include_usage``) when the
+A session's turns (the multi-turn dataset) go one after another, each with the answers
+the server gave to the turns before it. Output tokens come from the usage chunk (``stream_options.include_usage``) when the
 server sends one, else from the number of content chunks (one token a chunk, as both
 superfluid and llama-server stream). Cached prompt tokens come from
 ``usage.prompt_tokens_details.cached_tokens``.
@@ -185,8 +186,16 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest])
         max_in_flight = 0
         bar = _progress(len(bodies), config)
 
+        after = session_links(requests)
+        done = [asyncio.Event() for _ in requests]
+        answers: list[str | None] = [None] * len(requests)
+
         async def one(i: int) -> RequestRecord:
             nonlocal in_flight, max_in_flight
+            if after[i] is not None:  # the session's previous turn first, then its real answer
+                await done[after[i]].wait()
+                bodies[i] = _with_session_answers(requests, after, answers, i).body(
+                    model, config.endpoint, config.ignore_eos, config.temperature, config.extra_body)
             delay = arrivals[i] - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -194,10 +203,13 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest])
                 await sem.acquire()
             in_flight += 1
             max_in_flight = max(max_in_flight, in_flight)
+            rec = None
             try:
                 rec = await send_one(client, url, bodies[i], t0)
             finally:
                 in_flight -= 1
+                answers[i] = rec.text if rec is not None and rec.ok else None
+                done[i].set()
                 if sem is not None:
                     sem.release()
                 if bar is not None:
@@ -210,6 +222,34 @@ async def run_benchmark_async(config: BenchConfig, requests: list[BenchRequest])
         if bar is not None:
             bar.close()
     return summarize(config, model, records, duration, max_in_flight)
+
+
+def session_links(requests: list[BenchRequest]) -> list[int | None]:
+    """For each request, the index of its session's previous turn (None: it starts a
+    session, or is no turn of one). Turns are sent in order, each after the one before it
+    has finished, as a chat client sends them: the next prompt holds the answer."""
+    last: dict = {}
+    out: list[int | None] = []
+    for i, r in enumerate(requests):
+        s = r.meta.get("session")
+        out.append(last.get(s) if s is not None else None)
+        if s is not None:
+            last[s] = i
+    return out
+
+
+def _with_session_answers(requests: list[BenchRequest], after: list[int | None], answers: list[str | None],
+                          i: int) -> BenchRequest:
+    """Request i with the real answers of its session's earlier turns (a failed turn keeps
+    its stand-in)."""
+    chain = []
+    j = after[i]
+    while j is not None:
+        chain.append(j)
+        j = after[j]
+    got = [answers[j] for j in reversed(chain)]
+    stand_ins = [m["content"] for m in requests[i].messages if m["role"] == "assistant"]
+    return requests[i].with_answers([a if a is not None else d for a, d in zip(got, stand_ins)])
 
 
 def run_benchmark(config: BenchConfig, requests: list[BenchRequest]) -> dict:

@@ -51,6 +51,7 @@ def serve_cluster(args, config: EngineConfig) -> int:
     print(f"superfluid: serving on http://{args.host}:{args.port}/v1 ({cfg.replicas} replicas)", file=sys.stderr, flush=True)
     uv = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                         timeout_graceful_shutdown=args.drain_timeout + 2.0,
-                        h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES)
+                        h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
+                        http="h11", loop="auto")  # h11: the header bound (httptools has none); auto: uvloop
     Server(uv).run()
     return 0
