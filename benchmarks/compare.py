@@ -245,13 +245,27 @@ def median(values):
     return statistics.median(vals) if vals else None
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(steal, total) CPU time of the whole machine from /proc/stat; None off Linux."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
 def bench(server: Server, dataset: str, n: int, seed: int, concurrency: int, args, label: str,
           output_len: int | None = None) -> dict:
     reqs = make_dataset(dataset, n, seed, output_len or args.output_len)
     cfg = BenchConfig(base_url=server.url, endpoint=args.endpoint, max_concurrency=concurrency,
                       ignore_eos=args.ignore_eos, seed=seed, label=label, dataset=dataset,
                       progress=not args.no_progress, timeout_s=args.timeout)
+    before = cpu_jiffies()
     r = run_benchmark(cfg, reqs)
+    after = cpu_jiffies()
+    # The share of CPU time the hypervisor gave to other guests during the run: on a shared VM
+    # this is what moves a run's speed by tens of percent from one minute to the next.
+    r["cpu_steal_share"] = ((after[0] - before[0]) / max(after[1] - before[1], 1)) if before and after else None
     print(format_result(r), flush=True)
     return r
 
@@ -270,10 +284,16 @@ def requests_for(c: int, args) -> int:
     return args.num_requests[args.concurrency.index(c)]
 
 
-def run_matrix(server: Server, rep: int, args) -> list[dict]:
+def workloads(args) -> list[tuple[int, str]]:
+    return [(c, ds) for c in args.concurrency for ds in args.datasets]
+
+
+def run_matrix(server: Server, rep: int, args, only: tuple[int, str] | None = None) -> list[dict]:
     runs = []
     for ci, c in enumerate(args.concurrency):
         for ds in args.datasets:
+            if only is not None and (c, ds) != only:
+                continue
             # a seed per (concurrency, round), shared by every server: no run replays prompts that
             # an earlier run left in a server's prefix cache (the first n requests of a seed are
             # the same whatever n is)
@@ -293,16 +313,17 @@ def run_prefix(server: Server, rep: int, args) -> list[dict]:
     return runs
 
 
-def run_alone(server: Server, rep: int, args) -> tuple[list[dict], dict]:
-    """One server's turn in one round, with nothing else of ours up: its runs and its RSS."""
+def run_alone(server: Server, rep: int, args, only: tuple[int, str] | None = None) -> tuple[list[dict], dict]:
+    """One server's turn in one round (or in one workload of it), with nothing else of ours up:
+    its runs and its RSS."""
     server.start()
     try:
         server.wait_healthy(args.health_timeout)
         warm_up(server, args)
         memory = {"server": server.name, "round": rep, "rss_idle_mb": server.rss_mb()}
         with RssPeak(server) as peak:
-            runs = [] if args.skip_matrix else run_matrix(server, rep, args)
-            if server.name == "superfluid" and not args.skip_prefix:
+            runs = [] if args.skip_matrix else run_matrix(server, rep, args, only)
+            if server.name == "superfluid" and not args.skip_prefix and (only is None or only == workloads(args)[-1]):
                 runs += run_prefix(server, rep, args)
         memory["rss_peak_mb"] = peak.peak
     finally:
@@ -311,12 +332,17 @@ def run_alone(server: Server, rep: int, args) -> tuple[list[dict], dict]:
 
 
 def run_rounds(servers: list[Server], args) -> tuple[list[dict], list[dict]]:
+    """--interleave round: each server runs the whole matrix in turn, round after round.
+    --interleave workload: each workload of a round runs on each server in turn, a fresh server
+    each time: the two runs of a pair lie a minute apart, not the matrix's length, so a shared
+    machine's drift moves both alike."""
     runs, memory = [], []
     for rep in range(args.repeats):
-        for s in servers:  # the same order every round
-            r, m = run_alone(s, rep, args)
-            runs += r
-            memory.append(m)
+        for only in ([None] if args.interleave == "round" else workloads(args)):
+            for s in servers:  # the same order every round
+                r, m = run_alone(s, rep, args, only)
+                runs += r
+                memory.append(m)
     return runs, memory
 
 
@@ -330,6 +356,7 @@ def medians(runs: list[dict]) -> dict:
     for (srv, c, ds), results in out.items():
         fig = {f: median(get(r, f) for r in results) for f in FIGURES}
         fig["failed"] = sum(r["failed"] for r in results)
+        fig["cpu_steal_share"] = median(r.get("cpu_steal_share") for r in results)
         fig["rounds"] = len(results)
         fig["mean_prompt_tokens"] = median(r["total_input_tokens"] / max(1, r["completed"]) for r in results)
         fig["mean_output_tokens"] = median(r["total_output_tokens"] / max(1, r["completed"]) for r in results)
@@ -391,6 +418,10 @@ def fmt(v, spec=".1f", none="n/a") -> str:
     return none if v is None else format(v, spec)
 
 
+def _pct(share) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}"
+
+
 def markdown(report: dict) -> str:
     m = report["meta"]
     lines = [f"# superfluid vs llama-server — {m['tag']}", ""]
@@ -406,14 +437,14 @@ def markdown(report: dict) -> str:
         f"- superfluid: `{m['superfluid_cmd']}`",
         f"- llama-server: `{m['llama_cmd']}` ({m['llama_version']})",
         f"- load: endpoint {m['endpoint']}, ignore_eos {m['ignore_eos']}, output_len {m['output_len']}, "
-        f"temperature 0, rounds {m['repeats']} (A/B alternating; medians shown), requests per run "
+        f"temperature 0, rounds {m['repeats']} (A/B alternating per {m.get('interleave', 'round')}; medians shown), requests per run "
         f"{m['requests_per_concurrency']}",
         "",
         "Ratios are superfluid / llama-server. tok/s: higher is better for superfluid; TTFT and ITL: lower is.",
         "",
         "| conc | dataset | sf tok/s | llama tok/s | tok/s ratio | target | met | sf TTFT p50 ms | llama TTFT p50 ms "
-        "| TTFT ratio | sf ITL p50 ms | llama ITL p50 ms | sf req/s | llama req/s | failed sf/llama |",
-        "|---:|---|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| TTFT ratio | sf ITL p50 ms | llama ITL p50 ms | sf req/s | llama req/s | failed sf/llama | CPU steal % sf/llama |",
+        "|---:|---|---:|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["comparison"]:
         a, b = row["superfluid"], row["llama-server"] or {}
@@ -428,7 +459,8 @@ def markdown(report: dict) -> str:
             f"{fmt(b.get('output_tokens_per_s'))} | {fmt(row['tokens_per_s_ratio'], '.2f')} | {tgt} | {met} | "
             f"{fmt(a['ttft_ms.p50'])} | {fmt(b.get('ttft_ms.p50'))} | {fmt(row['ttft_p50_ratio'], '.2f')} | "
             f"{fmt(a['itl_ms.p50'])} | {fmt(b.get('itl_ms.p50'))} | {fmt(a['requests_per_s'], '.2f')} | "
-            f"{fmt(b.get('requests_per_s'), '.2f')} | {a['failed']}/{b.get('failed', '–')} |")
+            f"{fmt(b.get('requests_per_s'), '.2f')} | {a['failed']}/{b.get('failed', '–')} | "
+            f"{_pct(a.get('cpu_steal_share'))}/{_pct(b.get('cpu_steal_share'))} |")
     vrows = [r for r in report["comparison"] if r.get("vllm")]
     if vrows:
         lines += ["", "## vLLM CPU", "", "| conc | dataset | vLLM tok/s | sf / vLLM tok/s | vLLM TTFT p50 ms |",
@@ -537,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: 16 at c=1, 32 at c=8, max(64, 2c) above)")
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2, help="A/B rounds; medians over them")
+    ap.add_argument("--interleave", choices=("round", "workload"), default="round",
+                    help="alternate the servers per round (one start each), or per workload (a fresh start "
+                         "for every run: slower, but the pair is measured close in time)")
     ap.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                     help="let outputs stop at EOS (default: ignore_eos so both servers generate max_tokens)")
@@ -582,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         "superfluid_cmd": shlex.join(sf.cmd) if sf.cmd else sf.url,
         "llama_cmd": (shlex.join(ll.cmd) if ll.cmd else ll.url) if ll else None,
         "llama_version": llama_version(args), "endpoint": args.endpoint, "ignore_eos": args.ignore_eos,
-        "output_len": args.output_len, "repeats": args.repeats, "concurrency": args.concurrency,
+        "output_len": args.output_len, "repeats": args.repeats, "interleave": args.interleave,
+        "concurrency": args.concurrency,
         "datasets": args.datasets, "requests_per_concurrency": {c: requests_for(c, args) for c in args.concurrency},
         "notes": notes,
     }}

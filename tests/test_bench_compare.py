@@ -29,7 +29,7 @@ def two_servers():
     t = threading.Thread(target=loop.run_forever, daemon=True)
     t.start()
     fast = asyncio.run_coroutine_threadsafe(FakeServer(first_delay_s=0.002, cached_tokens=7).start(), loop).result()
-    slow = asyncio.run_coroutine_threadsafe(FakeServer(first_delay_s=0.02, token_delay_s=0.004).start(), loop).result()
+    slow = asyncio.run_coroutine_threadsafe(FakeServer(first_delay_s=0.08, token_delay_s=0.004).start(), loop).result()
     yield fast, slow
     for s in (fast, slow):
         asyncio.run_coroutine_threadsafe(s.stop(), loop).result()
@@ -73,6 +73,25 @@ def test_compare_runs_ab_rounds_and_reports(two_servers, tmp_path):
     assert c1g["target_tokens_per_s_ratio"] == 1.3
     assert report["prefix_cache"]["speedup"] is not None
     assert "Tooling check only" in md and "| 4 | chat |" in md
+
+
+def test_interleave_per_workload_alternates_fresh_servers(two_servers, tmp_path):
+    fast, slow = two_servers
+    compare = load_compare()
+    rc = compare.main(["--superfluid-url", fast.url, "--llama-url", slow.url, "--runtime", "toy",
+                       "--concurrency", "1", "--datasets", "chat,grounded", "--num-requests", "2",
+                       "--output-len", "4", "--repeats", "1", "--prefix-requests", "2", "--prefix-output-len", "2",
+                       "--interleave", "workload", "--tag", "w", "--out-dir", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    report = json.loads((tmp_path / "compare_w.json").read_text())
+    order = [(r["server"], r["dataset"]) for r in report["runs"]]
+    assert order == [("superfluid", "chat"), ("llama-server", "chat"), ("superfluid", "grounded"),
+                     ("superfluid", "prefix/shared-prefix"), ("superfluid", "prefix/shared-prefix-nocache"),
+                     ("llama-server", "grounded")]  # a pair per workload; the prefix runs once, at the end
+    assert len(report["memory"]) == 4  # a (re)start per server per workload
+    steal = [r["result"]["cpu_steal_share"] for r in report["runs"]]
+    assert all(x is None or 0.0 <= x <= 1.0 for x in steal)
+    assert "CPU steal %" in (tmp_path / "compare_w.md").read_text()
 
 
 def test_medians_and_targets():
