@@ -21,7 +21,10 @@ kernels too (llama-cpp-python), so the ratio is what the scheduler adds; the tar
 are multi-turn chat >= 2x at c=8 and plain chat >= 1.0x at c=1:
 
     .venv/bin/python benchmarks/compare.py --runtime llamacpp --llama-server build/llama-server \
-        --concurrency 1,8 --datasets chat,multi-turn --skip-prefix With ``--runtime toy`` the superfluid side is the toy runtime
+        --concurrency 1,8 --datasets chat,multi-turn --num-requests 8,32 --output-len 64 --repeats 3 \
+        --interleave workload --skip-prefix
+
+With ``--runtime toy`` the superfluid side is the toy runtime
 (no model): the output proves the tooling end to end and is labelled as such; it is not a
 comparison.
 """
