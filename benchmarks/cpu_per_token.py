@@ -15,6 +15,7 @@ of CPU per token for each process and the client, and the stream's time per outp
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -53,10 +54,16 @@ def stream(url: str, messages: list[dict], n: int) -> tuple[int, float]:
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
         r.raise_for_status()
         for line in r.iter_lines():
-            if line.startswith("data: {"):
-                chunks += 1
-                last = time.perf_counter()
-                first = first or last
+            if not line.startswith("data: {"):
+                continue
+            # Only chunks that carry text: superfluid sends its role chunk when the request
+            # starts (before the prefill) and llama-server with the first token, so timing
+            # every chunk would charge one server its prefill and not the other.
+            if not any((c.get("delta") or {}).get("content") for c in json.loads(line[6:]).get("choices") or ()):
+                continue
+            chunks += 1
+            last = time.perf_counter()
+            first = first or last
     return chunks, (last - first) / max(chunks - 1, 1) * 1e3
 
 
