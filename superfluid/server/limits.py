@@ -4,7 +4,9 @@
   10 MB body costs the reading of 8 MiB and a 413, never a JSON parse or a tokenizer run.
 - Prompt text: at most ``max_prompt_chars`` characters (default: 32 per context token)
   before it is tokenised.
-- Headers: uvicorn's h11 limit (``H11_MAX_HEADER_BYTES``, set by ``superfluid serve``).
+- Headers: uvicorn's h11 limit (``H11_MAX_HEADER_BYTES``, set by ``superfluid serve``, which
+  keeps uvicorn on h11: httptools has no bound). h11 refuses a header block still incomplete
+  past it, so a block that arrives in one read may be as large as that read.
 """
 
 from __future__ import annotations
