@@ -8,6 +8,7 @@ batch-invariant): test_e2e_default.py.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -102,27 +103,32 @@ def test_models_and_health(client, server):
     assert h["status"] == "ok" and h["pid"] > 0
 
 
+@functools.lru_cache(maxsize=None)
+def transformers_greedy_chat(question: str, n: int) -> tuple[int, str]:
+    """transformers' greedy answer on the default GGUF in fp32: (prompt tokens, text). Kept
+    for the session: test_e2e_ray.py runs the same test against its own server."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from hf_reference import default_model, default_tokenizer
+
+    tok, model = default_tokenizer(), default_model()
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=n, do_sample=False)
+    return int(ids.shape[1]), tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+
 def test_greedy_chat_matches_transformers(client, runtime):
     """Greedy text through the server equals transformers' generate on the same GGUF (fp32)."""
     if runtime.startswith("llamacpp"):
         pytest.skip("llama.cpp runs the file's Q4_1, not fp32: test_greedy_chat_matches_llamacpp_alone")
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    from superfluid.models import resolve_model
-
-    path = resolve_model(MODEL)
     question = "What is the capital of France? Answer in one sentence."
     n = 16
     got = ask(client, question, temperature=0, max_tokens=n)
-    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, torch_dtype=torch.float32)
-    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
-    ids = tok(text, return_tensors="pt", add_special_tokens=False).input_ids
-    assert got.usage.prompt_tokens == ids.shape[1]
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=n, do_sample=False)
-    want = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    prompt_tokens, want = transformers_greedy_chat(question, n)
+    assert got.usage.prompt_tokens == prompt_tokens
     assert got.choices[0].message.content == want
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from superfluid.models import DEFAULT_MODEL, resolve_model
+from superfluid.models import resolve_model
 from superfluid.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -33,10 +33,9 @@ def ours():
 
 @pytest.fixture(scope="module")
 def theirs():
-    from transformers import AutoTokenizer
+    from hf_reference import default_tokenizer
 
-    p = resolve_model(DEFAULT_MODEL)
-    return AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+    return default_tokenizer()
 
 
 @pytest.mark.parametrize("text", TEXTS)

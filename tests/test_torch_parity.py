@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from superfluid.models import resolve_model
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 
@@ -37,10 +36,9 @@ def rt():
 
 @pytest.fixture(scope="module")
 def hf():
-    from transformers import AutoModelForCausalLM
+    from hf_reference import default_model
 
-    p = resolve_model()
-    return AutoModelForCausalLM.from_pretrained(p.parent, gguf_file=p.name, dtype=torch.float32).eval()
+    return default_model()
 
 
 @pytest.fixture(scope="module")
