@@ -10,10 +10,10 @@ Streams every request with ``httpx.AsyncClient`` and times it on the client:
 Load is a fixed concurrency (``max_concurrency`` requests in flight) and/or a Poisson
 arrival process (``request_rate`` requests/s; inf: all at once, bounded by concurrency).
 A session's turns (the multi-turn dataset) go one after another, each with the answers
-the server gave to the turns before it. Output tokens come from the usage chunk (``stream_options.include_usage``) when the
-server sends one, else from the number of content chunks (one token a chunk, as both
-superfluid and llama-server stream). Cached prompt tokens come from
-``usage.prompt_tokens_details.cached_tokens``.
+the server gave to the turns before it. Output tokens come from the usage chunk
+(``stream_options.include_usage``) when the server sends one, else from the number of
+content chunks (one token a chunk, as both superfluid and llama-server stream). Cached
+prompt tokens come from ``usage.prompt_tokens_details.cached_tokens``.
 """
 
 from __future__ import annotations
