@@ -212,7 +212,7 @@ def test_multi_turn_sessions_send_turns_in_order_with_the_real_answers():
     reqs = make_dataset("multi-turn", 8, seed=0, output_len=6)  # two sessions of four turns
     r, srv = bench(reqs, {"first_delay_s": 0.02, "token_delay_s": 0.002}, max_concurrency=8)
     assert r["completed"] == 8 and r["failed"] == 0
-    assert srv.max_in_flight == 2  # one turn of each session at a time
+    assert srv.max_in_flight <= 2  # one turn of each session at a time (8 if turns went together)
     by_prompt = {json.dumps(b["messages"][-1]): (b, t) for b, t in zip(srv.bodies, srv.arrivals)}
     for q in reqs:
         body, _ = by_prompt[json.dumps(q.messages[-1])]

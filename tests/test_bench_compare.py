@@ -37,15 +37,19 @@ def two_servers():
     t.join(5)
 
 
-def test_compare_runs_ab_rounds_and_reports(two_servers, tmp_path):
-    fast, slow = two_servers
-    compare = load_compare()
-    rc = compare.main(["--superfluid-url", fast.url, "--llama-url", slow.url, "--runtime", "toy",
-                       "--concurrency", "1,4", "--datasets", "chat,grounded", "--num-requests", "4",
-                       "--output-len", "6", "--repeats", "2", "--prefix-requests", "3", "--prefix-output-len", "2",
-                       "--tag", "t", "--out-dir", str(tmp_path), "--no-progress"])
+def run_compare(servers, tmp_path, tag: str, *args: str) -> dict:
+    """compare.py over the two fake servers (superfluid: the fast one), toy-labelled; its report."""
+    fast, slow = servers
+    rc = load_compare().main(["--superfluid-url", fast.url, "--llama-url", slow.url, "--runtime", "toy",
+                              "--tag", tag, "--out-dir", str(tmp_path), "--no-progress", *args])
     assert rc == 0
-    report = json.loads((tmp_path / "compare_t.json").read_text())
+    return json.loads((tmp_path / f"compare_{tag}.json").read_text())
+
+
+def test_compare_runs_ab_rounds_and_reports(two_servers, tmp_path):
+    report = run_compare(two_servers, tmp_path, "t", "--concurrency", "1,4", "--datasets", "chat,grounded",
+                         "--num-requests", "4", "--output-len", "6", "--repeats", "2", "--prefix-requests", "3",
+                         "--prefix-output-len", "2")
     md = (tmp_path / "compare_t.md").read_text()
     # per round: superfluid alone (2 concurrencies x 2 datasets, then the 2 prefix datasets), then llama-server
     assert len(report["runs"]) == 2 * (4 + 2 + 4)
@@ -76,14 +80,9 @@ def test_compare_runs_ab_rounds_and_reports(two_servers, tmp_path):
 
 
 def test_interleave_per_workload_alternates_fresh_servers(two_servers, tmp_path):
-    fast, slow = two_servers
-    compare = load_compare()
-    rc = compare.main(["--superfluid-url", fast.url, "--llama-url", slow.url, "--runtime", "toy",
-                       "--concurrency", "1", "--datasets", "chat,grounded", "--num-requests", "2",
-                       "--output-len", "4", "--repeats", "1", "--prefix-requests", "2", "--prefix-output-len", "2",
-                       "--interleave", "workload", "--tag", "w", "--out-dir", str(tmp_path), "--no-progress"])
-    assert rc == 0
-    report = json.loads((tmp_path / "compare_w.json").read_text())
+    report = run_compare(two_servers, tmp_path, "w", "--concurrency", "1", "--datasets", "chat,grounded",
+                         "--num-requests", "2", "--output-len", "4", "--repeats", "1", "--prefix-requests", "2",
+                         "--prefix-output-len", "2", "--interleave", "workload")
     order = [(r["server"], r["dataset"]) for r in report["runs"]]
     assert order == [("superfluid", "chat"), ("llama-server", "chat"), ("superfluid", "grounded"),
                      ("superfluid", "prefix/shared-prefix"), ("superfluid", "prefix/shared-prefix-nocache"),

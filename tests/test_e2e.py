@@ -8,7 +8,6 @@ batch-invariant): test_e2e_default.py.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
@@ -103,10 +102,9 @@ def test_models_and_health(client, server):
     assert h["status"] == "ok" and h["pid"] > 0
 
 
-@functools.lru_cache(maxsize=None)
 def transformers_greedy_chat(question: str, n: int) -> tuple[int, str]:
-    """transformers' greedy answer on the default GGUF in fp32: (prompt tokens, text). Kept
-    for the session: test_e2e_ray.py runs the same test against its own server."""
+    """transformers' greedy answer on the default GGUF in fp32: (prompt tokens, text), from
+    the session's one load of it (hf_reference.py)."""
     pytest.importorskip("transformers")
     import torch
 

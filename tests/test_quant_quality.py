@@ -33,14 +33,17 @@ def prompts(exact):
 
 @pytest.fixture(scope="module")
 def reference(exact, prompts):
-    """fp32 rows at every position, one prefill step a prompt (the fp32 route's rows do not
-    depend on the step's shape beyond float rounding, far below the KL bounds here)."""
-    out = []
-    for ids in prompts:
-        s = exact.seq_create()
-        out.append(torch.tensor(np.stack(exact.step_rows([Feed(s, ids, True)])[0])))
-        exact.seq_free(s)
-    return out
+    """fp32 rows from one prefill step a prompt (the fp32 route's rows do not depend on the
+    step's shape beyond float rounding, far below the KL bounds here)."""
+    return [torch.tensor(prefill_rows(exact, ids)) for ids in prompts]
+
+
+def prefill_rows(rt, ids):
+    """The row after each token, all from one step."""
+    s = rt.seq_create()
+    rows = np.stack(rt.step_rows([Feed(s, ids, True)])[0])
+    rt.seq_free(s)
+    return rows
 
 
 def decode_rows(rt, ids):
