@@ -203,7 +203,7 @@ def test_logit_bias_bans_a_token(client):
         ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"5": 101}}, 400, "logit_bias"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"five": 1}}, 400, "logit_bias"),
         ("/v1/chat/completions", chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "top_logprobs"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 17}, 400, "n"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, 400, "n"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -0.1}, 400, "temperature"),

@@ -125,14 +125,23 @@ class Engine:
                 req.handles.release()
             raise
         self._groups[request_id] = reqs
-        for req in reqs:
-            state = self._choices[id(req)] = ChoiceState(req, self.tokenizer, self._eos)
-            # Tokens generated elsewhere: their text went out from there; this state only
-            # catches up (detokenizer, held-back stop-string text) so the next token's
-            # text continues it exactly.
-            for token in req.output_token_ids:
-                state.process(token, None)
-            self.scheduler.add(req)
+        try:
+            for req in reqs:
+                state = self._choices[id(req)] = ChoiceState(req, self.tokenizer, self._eos)
+                # Tokens generated elsewhere: their text went out from there; this state only
+                # catches up (detokenizer, held-back stop-string text) so the next token's
+                # text continues it exactly.
+                for token in req.output_token_ids:
+                    state.process(token, None)
+                self.scheduler.add(req, fresh=True)
+        except BaseException:
+            # All or nothing: a request that fails part-way leaves no choice queued.
+            for req in reqs:
+                self.scheduler.forget(req)
+                self._choices.pop(id(req), None)
+                req.handles.release()
+            self._groups.pop(request_id, None)
+            raise
         return reqs
 
     def _load_strategy(self) -> None:
@@ -214,8 +223,7 @@ class Engine:
             self._recover_or_fail(e)
             return self._out
         except Exception as e:
-            self._fail_all(f"engine error: {e}")
-            raise
+            return self._isolate(e)
         for u in updates:
             req = u.request
             state = self._choices.get(id(req))
@@ -227,6 +235,23 @@ class Engine:
             if req.is_finished:
                 self._finalize(req)
         return self._out
+
+    def _isolate(self, error: Exception) -> list[Delta]:
+        """A step raised: fail the request it is blamed on, not every request. When no
+        new request can be blamed, a supervised worker is replaced and its requests
+        replayed (the same text); only an executor in this process fails everything."""
+        blamed = self.scheduler.isolate(error)
+        if blamed is not None:
+            log.warning("a step failed (%r); blamed: %s", error, [r.request_id for r in blamed] or "one of several (probation)")
+            for req in blamed:
+                self._finalize(req)
+            return self._out
+        if not isinstance(self.supervisor, InProcess):
+            log.error("a step failed with no new request to blame (%r): replacing the worker", error)
+            self._recover_or_fail(ExecutorLost(f"engine error: {error!r}"))
+            return self._out
+        self._fail_all(f"engine error: {error}")
+        raise error
 
     def _on_token(self, req: Request, token: int, lp) -> None:
         """A token streamed from the running tick; the request, if it ends, finishes

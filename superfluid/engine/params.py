@@ -21,6 +21,16 @@ from .errors import ParamError
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_CHARS = 256  # characters per stop string (each is searched for in every delta)
 MAX_STOP_TOKEN_IDS = 64
+# Numeric bounds (every number is bounded where it enters: the server's request models
+# declare the same bounds, so a value past one is a 400 naming its field before any
+# engine work, and the tick's wire types can always carry what was accepted).
+INT32_MAX = (1 << 31) - 1
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), INT32_MAX
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # vLLM's range; rng_base folds it to 64 bits
+MAX_TOP_K = INT32_MAX  # past the vocabulary it means "off" (abi_params clamps)
+MAX_TOKENS_CAP = INT32_MAX
+MAX_LOGIT_BIAS = 1024  # entries
+MAX_N_CAP = 1024  # the largest --max-n a server may set
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -98,8 +108,12 @@ class SamplingParams:
             raise ParamError(f"temperature must be in [0, 2], got {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise ParamError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if self.top_k < 0:
-            raise ParamError(f"top_k must be -1 (off) or positive, got {self.top_k}", "top_k")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ParamError(f"top_k must be -1 (off) or in [1, {MAX_TOP_K}], got {self.top_k}", "top_k")
+        if not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise ParamError(f"priority must be in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {self.priority}", "priority")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ParamError(f"seed must be in [{SEED_MIN}, {SEED_MAX}], got {self.seed}", "seed")
         if not 0.0 <= self.min_p <= 1.0:
             raise ParamError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -110,8 +124,8 @@ class SamplingParams:
             raise ParamError(
                 f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}", "repetition_penalty"
             )
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ParamError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
+        if self.max_tokens is not None and not 1 <= self.max_tokens <= MAX_TOKENS_CAP:
+            raise ParamError(f"max_tokens must be in [1, {MAX_TOKENS_CAP}], got {self.max_tokens}", "max_tokens")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ParamError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}", "top_logprobs")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
@@ -127,6 +141,8 @@ class SamplingParams:
             raise ParamError(f"stop strings must be at most {MAX_STOP_CHARS} characters", "stop")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ParamError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids", "stop_token_ids")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ParamError(f"logit_bias may name at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
         for tok, v in self.logit_bias.items():
             if vocab_size is not None and not 0 <= int(tok) < vocab_size:
                 raise ParamError(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
@@ -148,10 +164,10 @@ class SamplingParams:
             return abi.Sampling.HOST
         return abi.Sampling.GREEDY if self.greedy else abi.Sampling.SAMPLE
 
-    def abi_params(self) -> abi.LaneParams:
+    def abi_params(self, vocab_size: int = MAX_TOP_K) -> abi.LaneParams:
         return abi.LaneParams(
             temperature=float(self.temperature),
-            top_k=int(self.top_k),
+            top_k=int(self.top_k) if self.top_k < vocab_size else 0,
             top_p=float(self.top_p),
             min_p=float(self.min_p),
             repeat_penalty=float(self.repetition_penalty),

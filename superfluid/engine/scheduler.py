@@ -56,12 +56,65 @@ class Scheduler(EventsApplied):
         self._ending: list[Request] = []
         self.draining = False
         self.stats = SchedulerStats()
+        # Fault isolation (isolate): a step that raises is blamed on the new requests the
+        # failed plan could admit, never on lanes that ran before it.
+        self._untested: set[int] = set()  # id(req): submitted, not yet in an accepted tick
+        self._probation: list[Request] = []  # suspects of a failed step: admitted one a tick
+        self._shown: list[Request] = []  # the untested requests the last plan was built over
 
     # ------------------------------------------------------------ requests
-    def add(self, req: Request) -> None:
+    def add(self, req: Request, fresh: bool = False) -> None:
+        """Queue a request; ``fresh``: newly submitted (it has never been in a tick)."""
+        self.policy.key(req)  # a request whose place cannot be computed is refused before it queues
+        if fresh:
+            self._untested.add(id(req))
         req.status = Status.WAITING
         self.waiting.append(req)
         self.policy.order(self.waiting)
+
+    def forget(self, req: Request) -> None:
+        """Take a request that never ran out of the queue (a submission that failed
+        part-way is undone whole)."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._untested.discard(id(req))
+
+    def isolate(self, error: BaseException) -> list[Request] | None:
+        """A step raised ``error``. Blame the new requests its plan was built over: one
+        alone fails (returned, finished with an error); several go on probation, where
+        the plan may admit only one of them a tick, so a repeat failure names its
+        request. None: no new request can be blamed (the fault lies with running lanes
+        or the executor)."""
+        suspects = [r for r in self._shown if not r.is_finished and id(r) in self._untested]
+        self._shown = []
+        if not suspects:
+            return None
+        if len(suspects) > 1:
+            self._probation += [r for r in suspects if r not in self._probation]
+            return []
+        req = suspects[0]
+        self._untested.discard(id(req))
+        if req in self._probation:
+            self._probation.remove(req)
+        self.finish(req, FinishReason.ERROR, f"the request could not be run: {error!r}")
+        return [req]
+
+    def _admissible(self) -> list[Request]:
+        """The waiting requests a plan may admit: all, except during probation, when only
+        the first suspect and requests that have run before (no new one: each failure
+        must have a single suspect)."""
+        self._probation = [r for r in self._probation if not r.is_finished and r in self.waiting]
+        if not self._probation:
+            return self.waiting
+        first = self._probation[0]
+        return [r for r in self.waiting if r is first or id(r) not in self._untested]
+
+    def _tested(self, tick: ScheduledTick) -> None:
+        """The executor accepted a tick: the requests it admitted are no longer new."""
+        for a in tick.admissions:
+            self._untested.discard(id(a.request))
+            if a.request in self._probation:
+                self._probation.remove(a.request)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """End a request (stop string, abort), releasing its handles; a live lane
@@ -207,9 +260,11 @@ class Scheduler(EventsApplied):
         self.update(tick, out.events)
 
     def _view(self) -> SchedulerView:
+        waiting = self._admissible()
+        self._shown = [r for r in waiting if id(r) in self._untested]
         return SchedulerView(
             running=list(self.running.values()),
-            waiting=self.waiting,
+            waiting=waiting,
             orphan_retires=self._orphans,
             free_cells=self._free_cells,
             orphan_cells=self._orphan_cells,
@@ -231,6 +286,7 @@ class Scheduler(EventsApplied):
         try:
             out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
             if out.status == abi.Status.OK:
+                self._tested(tick)
                 for a in tick.admissions:
                     a.request.handles.adopted_taken()
                 self.update(tick, out.events, updates, tokens_streamed=partial)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 
 from ..engine.outputs import Delta
 from ..engine.params import SamplingParams
@@ -80,7 +81,8 @@ def install(app: FastAPI, serving: Serving) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         serving.check_model(body.model)
-        params, prompts, shape = prepare(body, serving)
+        # tokenising (and FIM, echo text) off the event loop: a long prompt never stalls other streams
+        params, prompts, shape = await run_in_threadpool(prepare, body, serving)
         return await serving.answer(request, body, "cmpl", prompts, params, shape)
 
 

@@ -9,16 +9,31 @@ as OpenAI's API does.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..engine.params import GrammarSpec, ParamError, SamplingParams
+from ..abi import MAX_TOP_LOGPROBS
+from ..engine.params import (
+    INT32_MAX, MAX_LOGIT_BIAS, MAX_N_CAP, MAX_STOP_TOKEN_IDS, MAX_TOKENS_CAP, MAX_TOP_K, PRIORITY_MAX, PRIORITY_MIN,
+    SEED_MAX, SEED_MIN, GrammarSpec, ParamError, SamplingParams,
+)
 from .tool_models import AssistantToolCall, Tool, ToolChoice
 
 
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+# Every number is bounded here, where it enters, so that the OpenAPI schema states each
+# bound (the fuzzer draws the values at and past them) and a value past one is pydantic's
+# 400 naming its field. The ranges of sampling values are SamplingParams.validate's too
+# (the Python API enters there); counts that depend on the server (n <= --max-n, token ids
+# < the vocabulary) are checked against it by the engine.
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+MAX_PROMPTS = 256  # prompts in one completions request (each is its own engine request)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class StreamOptions(_Lenient):
@@ -42,41 +57,44 @@ class _Sampling(_Lenient):
     """Fields both endpoints share (OpenAI's, then the vLLM-style extras)."""
 
     model: str
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    n: int = 1
+    max_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS_CAP)  # 0: echo's score-only
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=MAX_N_CAP)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        default=None, max_length=MAX_LOGIT_BIAS)
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     user: str | None = None
     response_format: ResponseFormat | None = None
     # extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=MAX_TOP_K)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     guided_regex: str | None = None
     guided_json: dict[str, Any] | str | None = None
-    priority: int = 0
-    timeout: float | None = Field(default=None, gt=0)  # extension: a wall-clock deadline, seconds
+    priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    # extension: a wall-clock deadline, seconds (finite: NaN and infinity are refused)
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
     prompt_cache_key: str | None = None  # requests sharing a key share protected cache entries (and a replica)
     prompt_cache_retention: str | None = None  # "in_memory" | "24h" (engine/cache_keys.py)
 
 
 class CompletionRequest(_Sampling):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    logprobs: int | None = None
+    prompt: Union[str, Annotated[list[str], Field(max_length=MAX_PROMPTS)], list[TokenId],
+                  Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N_CAP)
 
 
 class ContentPart(_Lenient):
@@ -94,9 +112,9 @@ class ChatMessage(_Lenient):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_CAP)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None

@@ -9,14 +9,17 @@ tools included) and answers ``{"count", "max_model_len", "tokens"}`` (plus
 from __future__ import annotations
 
 from fastapi import FastAPI
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from ..engine.params import ParamError
 from .errors import APIError
 from .messages import template_messages, total_chars
-from .protocol import ChatMessage, _Lenient
+from .protocol import ChatMessage, TokenId, _Lenient
 from .tool_models import Tool, ToolChoice
 from .tools import plan_tools, render_chat
+
+
+MAX_DETOKENIZE = 1 << 18  # tokens in one /detokenize body
 
 
 class TokenizeRequest(_Lenient):
@@ -38,7 +41,7 @@ class TokenizeRequest(_Lenient):
 
 class DetokenizeRequest(_Lenient):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId] = Field(max_length=MAX_DETOKENIZE)
 
 
 def install(app: FastAPI, core, name: str, check_chars) -> None:
@@ -48,8 +51,10 @@ def install(app: FastAPI, core, name: str, check_chars) -> None:
         if requested is not None and requested != name:
             raise APIError(404, f"The model `{requested}` does not exist.", "model", "model_not_found")
 
+    # Plain functions: FastAPI runs them in its thread pool, so rendering and tokenising a
+    # long text never holds up the event loop that feeds every stream.
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    def tokenize(body: TokenizeRequest):
         check_model(body.model)
         if body.prompt is not None:
             check_chars(len(body.prompt), "prompt")
@@ -74,7 +79,7 @@ def install(app: FastAPI, core, name: str, check_chars) -> None:
         return out
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    def detokenize(body: DetokenizeRequest):
         check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < core.vocab_size]
         if bad:
