@@ -104,8 +104,12 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_0)
 
     from .engine.async_engine import AsyncEngine
-    from .server.limits import H11_MAX_HEADER_BYTES, Limits
+    from .server.auth import api_key
+    from .server.http_config import uvicorn_config
+    from .server.limits import limits_from_args
     from .server.openai import create_app
+
+    args.resolved_api_key = api_key(args.api_key)
 
     config = _config(
         args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True, worker=not args.in_process,
@@ -118,9 +122,8 @@ def serve(args: argparse.Namespace) -> int:
         return serve_cluster(args, config)
     engine = _build(config)
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
-    limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
     app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout,
-                     limits=limits, request_timeout=args.request_timeout)
+                     limits=limits_from_args(args), request_timeout=args.request_timeout, api_key=args.resolved_api_key)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -131,11 +134,7 @@ def serve(args: argparse.Namespace) -> int:
             super().handle_exit(sig, frame)
 
     print(f"superfluid: serving {args.served_model_name or config.model} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=args.drain_timeout + 2.0,
-                               h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
-                               http="h11", loop="auto")  # h11: the header bound (httptools has none); auto: uvloop
-    Server(uv_config).run()
+    Server(uvicorn_config(app, args)).run()
     return 0
 
 
@@ -242,6 +241,16 @@ def parser() -> argparse.ArgumentParser:
                    help="a request still running after this many seconds ends with an error (0: no deadline; "
                         "a request may ask for less with its `timeout` field)")
     s.add_argument("--max-request-tokens", type=int, default=1 << 17, help="the most n x max_tokens a request may ask for")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SUPERFLUID_API_KEY; none: open)")
+    s.add_argument("--stream-idle-timeout", type=float, default=60.0, metavar="S",
+                   help="a streaming client that reads nothing for this long is cut off and its request aborted")
+    s.add_argument("--limit-concurrency", type=int, default=2048,
+                   help="open connections (or running requests) past which a new request gets 503")
+    s.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="a connection whose request headers are not complete this long after it opened is closed")
+    s.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="a request body not received in full within this many seconds gets 408")
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")

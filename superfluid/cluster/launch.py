@@ -37,7 +37,10 @@ def init_ray(cfg: ClusterConfig) -> None:
     else:  # logical resources for the replicas, not a claim on the machine's cores
         ray.init(num_cpus=max(1, int(cfg.replicas * cfg.replica_cpus + 0.999)),
                  num_gpus=int(cfg.replicas * cfg.replica_gpus + 0.999) or None,
-                 include_dashboard=False, logging_level=logging.WARNING)
+                 include_dashboard=False, logging_level=logging.WARNING,
+                 # A local Ray instance listens on loopback only: its ports run code for anyone
+                 # who reaches them (a remote cluster's must be protected by its network).
+                 _node_ip_address="127.0.0.1")
 
 
 def start_cluster(config: EngineConfig, cfg: ClusterConfig, max_queued: int = 256) -> ClusterEngine:

@@ -34,14 +34,14 @@ def build_app(config: EngineConfig, cfg: ClusterConfig, model_name: str | None =
 def serve_cluster(args, config: EngineConfig) -> int:
     import uvicorn
 
-    from ..server.limits import H11_MAX_HEADER_BYTES, Limits
+    from ..server.limits import limits_from_args
+    from ..server.http_config import uvicorn_config
 
     cfg = ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
                         replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus)
-    limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
     print(f"superfluid: starting {cfg.replicas} replicas of {config.model} on Ray ...", file=sys.stderr, flush=True)
-    app, cluster = build_app(config, cfg, args.served_model_name, drain_s=args.drain_timeout, limits=limits,
-                             request_timeout=args.request_timeout)
+    app, cluster = build_app(config, cfg, args.served_model_name, drain_s=args.drain_timeout, limits=limits_from_args(args),
+                             request_timeout=args.request_timeout, api_key=args.resolved_api_key)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -49,9 +49,5 @@ def serve_cluster(args, config: EngineConfig) -> int:
             super().handle_exit(sig, frame)
 
     print(f"superfluid: serving on http://{args.host}:{args.port}/v1 ({cfg.replicas} replicas)", file=sys.stderr, flush=True)
-    uv = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                        timeout_graceful_shutdown=args.drain_timeout + 2.0,
-                        h11_max_incomplete_event_size=H11_MAX_HEADER_BYTES,
-                        http="h11", loop="auto")  # h11: the header bound (httptools has none); auto: uvloop
-    Server(uv).run()
+    Server(uvicorn_config(app, args)).run()
     return 0

@@ -28,6 +28,7 @@ from .params import SamplingParams
 from .request import ChoiceStart
 
 log = logging.getLogger("superfluid.engine")
+MAX_BACKLOG = 8192  # deltas a consumer may leave unread before its request is aborted
 
 
 class QueueFull(Exception):
@@ -57,6 +58,7 @@ class _Stream:
     submitted: float = field(default_factory=time.monotonic)
     finished: int = 0
     last_token: float | None = None
+    backlogged: bool = False  # its consumer fell MAX_BACKLOG deltas behind: aborted
 
 
 class AsyncEngine:
@@ -234,6 +236,12 @@ class AsyncEngine:
                 self.observer.finished(delta, now - stream.submitted)
             if stream.finished >= stream.n:
                 self._streams.pop(delta.request_id, None)
+        if not stream.backlogged and stream.queue.qsize() >= MAX_BACKLOG:
+            # A consumer that stopped reading: its queue is bounded by aborting it (at the
+            # loop's next turn, outside the tick that produced this delta).
+            stream.backlogged = True
+            log.warning("request %s: %d deltas unread; aborting it", delta.request_id, MAX_BACKLOG)
+            self.abort(delta.request_id)
         try:
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, delta)
         except RuntimeError:  # the event loop is closed: nobody listens any more

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 
@@ -24,13 +25,24 @@ CHARS_PER_TOKEN_CAP = 32  # no tokenizer here packs more characters into one tok
 class Limits:
     max_body_bytes: int = 8 << 20
     max_prompt_chars: int = 0  # 0: CHARS_PER_TOKEN_CAP x the model's context
+    body_timeout_s: float = 30.0  # the whole body must arrive within this (408 otherwise)
+    stream_idle_s: float = 60.0  # a stream whose client reads nothing this long is cut off
+
+
+def limits_from_args(args) -> Limits:
+    """The server's per-request bounds from ``superfluid serve``'s flags (one engine or a cluster)."""
+    for flag in ("stream_idle_timeout", "header_timeout", "body_timeout"):
+        if not getattr(args, flag) > 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be positive")
+    return Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars,
+                  body_timeout_s=args.body_timeout, stream_idle_s=args.stream_idle_timeout)
 
 
 class BodyLimit:
     """ASGI middleware: a body over ``max_bytes`` is answered 413 with OpenAI's error body."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, read_timeout: float = 30.0):
+        self.app, self.max_bytes, self.read_timeout = app, max_bytes, read_timeout
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -39,8 +51,14 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await self._too_large(send)
         chunks, size = [], 0
-        while True:  # buffer the body (bounded), then hand it to the app as one message
-            msg = await receive()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.read_timeout
+        while True:  # buffer the body (bounded in size and time), then hand it to the app as one message
+            try:
+                msg = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0.0))
+            except asyncio.TimeoutError:
+                return await self._refuse(send, 408, f"the request body did not arrive within {self.read_timeout:g} s",
+                                          "request_timeout")
             if msg["type"] == "http.disconnect":
                 return
             chunk = msg.get("body", b"")
@@ -62,9 +80,11 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_large(self, send) -> None:
-        payload = json.dumps(error_body(f"the request body is larger than {self.max_bytes} bytes",
-                                        "invalid_request_error", None, "request_too_large")).encode()
-        await send({"type": "http.response.start", "status": 413,
+        await self._refuse(send, 413, f"the request body is larger than {self.max_bytes} bytes", "request_too_large")
+
+    async def _refuse(self, send, status: int, message: str, code: str) -> None:
+        payload = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": payload})

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from ..engine.async_engine import AsyncEngine
 from . import chat, completions, status_routes, tokenize_routes
+from .auth import ApiKey
 from .errors import install_error_handlers
 from .limits import BodyLimit, Limits, prompt_char_cap
 from .metrics import Metrics
@@ -23,7 +24,7 @@ from .serving import Serving
 
 def create_app(
     engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
-    limits: Limits = Limits(), request_timeout: float = 0.0,
+    limits: Limits = Limits(), request_timeout: float = 0.0, api_key: str | None = None,
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -36,8 +37,11 @@ def create_app(
     app.state.engine = engine
     app.state.metrics = metrics
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    serving = Serving(engine, name, metrics, prompt_char_cap(limits, core.desc.max_seq_len), request_timeout)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, read_timeout=limits.body_timeout_s)
+    if api_key:  # added last: it runs first, so a request without the key costs no body read
+        app.add_middleware(ApiKey, key=api_key)
+    serving = Serving(engine, name, metrics, prompt_char_cap(limits, core.desc.max_seq_len), request_timeout,
+                      limits.stream_idle_s)
     engine.start()  # also without a lifespan (TestClient used without `with`)
 
     status_routes.install(app, serving)

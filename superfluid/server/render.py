@@ -56,8 +56,10 @@ class Usage:
 
 
 def finish_reason(reason: str | None) -> str | None:
-    # "abort" and "error" are not OpenAI reasons; an aborted choice was cut short.
-    return {"abort": "length", "error": "stop"}.get(reason, reason) if reason else None
+    # An aborted choice (the server cut it short: an idle reader, a shutdown) says so, as
+    # vLLM's "abort" does: never "length", which would claim max_tokens was reached. A
+    # failed one reaches the client as an error (status or event); its reason is "stop".
+    return {"error": "stop"}.get(reason, reason) if reason else None
 
 
 def error_event(d: Delta) -> str:

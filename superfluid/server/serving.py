@@ -44,6 +44,7 @@ class Serving:
     metrics: Metrics
     max_chars: int  # a prompt's character cap, checked before any tokenizer work
     request_timeout: float  # the server's deadline cap; 0: none
+    stream_idle_s: float = 60.0  # a streaming client that reads nothing this long is cut off
 
     @property
     def core(self):
@@ -96,5 +97,5 @@ class Serving:
         reply = Reply(rid, created, self.name, streams, params.n, deadline_s(body.timeout, self.request_timeout))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return streamed(reply, shape, include_usage)
+            return streamed(reply, shape, include_usage, self.stream_idle_s)
         return await whole(request, reply, shape)
