@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 from ..engine.params import ParamError
+from . import json_bounds
 from .protocol import ChatMessage
 
 
@@ -54,15 +55,13 @@ def _text(i: int, m: ChatMessage) -> str:
 
 def _call(i: int, j: int, call) -> dict:
     args = call.function.arguments
+    param = f"messages.{i}.tool_calls.{j}.function.arguments"
     if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ParamError(f"messages.{i}.tool_calls.{j}.function.arguments is not JSON: {e}",
-                             f"messages.{i}.tool_calls.{j}.function.arguments") from None
+        args = json_bounds.loads(args, param) if args.strip() else {}
+    json_bounds.check_nesting(args, param)
     if not isinstance(args, dict):
         raise ParamError(f"messages.{i}.tool_calls.{j}.function.arguments must be a JSON object",
-                         f"messages.{i}.tool_calls.{j}.function.arguments")
+                         param)
     return {"id": call.id or f"call_{i}_{j}", "type": "function", "function": {"name": call.function.name, "arguments": args}}
 
 

@@ -8,7 +8,6 @@ as OpenAI's API does.
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +17,7 @@ from ..engine.params import (
     INT32_MAX, MAX_LOGIT_BIAS, MAX_N_CAP, MAX_STOP_TOKEN_IDS, MAX_TOKENS_CAP, MAX_TOP_K, PRIORITY_MAX, PRIORITY_MIN,
     SEED_MAX, SEED_MIN, GrammarSpec, ParamError, SamplingParams,
 )
+from . import json_bounds
 from .tool_models import AssistantToolCall, Tool, ToolChoice
 
 
@@ -130,8 +130,7 @@ def _grammar(req: _Sampling) -> GrammarSpec | None:
     if req.guided_regex is not None:
         return GrammarSpec("regex", req.guided_regex)
     if req.guided_json is not None:
-        src = req.guided_json if isinstance(req.guided_json, str) else json.dumps(req.guided_json)
-        return GrammarSpec("json_schema", src)
+        return GrammarSpec("json_schema", json_bounds.schema_text(req.guided_json, "guided_json"))
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
@@ -142,7 +141,7 @@ def _grammar(req: _Sampling) -> GrammarSpec | None:
         return GrammarSpec("regex", rf.regex)
     if rf.json_schema is None or rf.json_schema.schema_ is None:
         raise ParamError("response_format of type json_schema needs 'json_schema.schema'", "response_format")
-    return GrammarSpec("json_schema", json.dumps(rf.json_schema.schema_))
+    return GrammarSpec("json_schema", json_bounds.schema_text(rf.json_schema.schema_, "response_format"))
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import xgrammar as xgr
 
 from ..engine.params import GrammarSpec, ParamError
+from . import json_bounds
 from .tool_models import NamedToolChoice, Tool
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -128,6 +129,7 @@ def _check_parameters(i: int, params: dict | None) -> dict:
     param = f"tools.{i}.function.parameters"
     if params is None or params == {}:
         return dict(_NO_ARGS)
+    json_bounds.schema_text(params, param)  # depth and size, before xgrammar walks it
     if params.get("type", "object") != "object":
         raise ParamError(f"{param} must be a JSON schema of type 'object', got type {params.get('type')!r}", param)
     try:
