@@ -167,7 +167,10 @@ def test_a_reader_that_stops_is_cut_off_and_the_others_finish():
         rest = b""
         while chunk := sock.recv(1 << 16):  # what was buffered, then the server's close
             rest += chunk
-        assert b"[DONE]" not in rest
+        # cut off: at the idle timeout (the connection closes mid-stream) or, if the engine ran
+        # MAX_BACKLOG deltas ahead of the reader first, aborted (it then says "abort"): never "length"
+        assert b"[DONE]" not in rest or b'"finish_reason":"abort"' in rest
+        assert b'"finish_reason":"length"' not in rest
         sock.close()
     finally:
         s.cleanup()
@@ -243,3 +246,55 @@ def test_the_cluster_drain_route_is_protected_and_exposure_warns():
     assert exposure_warning("0.0.0.0", None) and exposure_warning("10.1.2.3", None)
     assert exposure_warning("0.0.0.0", "k") is None and exposure_warning("127.0.0.1", None) is None
     assert exposure_warning("localhost", None) is None and exposure_warning("::1", None) is None
+
+
+def _expensive_schema(n: int) -> dict:
+    # 20 bounded repeats: xgrammar's compile grows with the bound (toy vocabulary: n=3000 ~7 s, 1000 ~0.8 s)
+    return {"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{1,%d}" % n}
+                                             for i in range(20)}}
+
+
+def test_an_expensive_schema_is_refused_within_its_budget_and_8_streams_do_not_stall():
+    s = Server("--runtime-arg", "step_delay=0.01", "--runtime-arg", "max_seq_len=4096", "--runtime-arg", "n_cells=16384")
+    time.sleep(3)  # the worker sets up xgrammar in the background at start (~1.5 s here); then it is steady state
+    try:
+        async def main():
+            gaps: list[float] = []
+            async with httpx.AsyncClient(timeout=120) as c:
+                async def one(i: int) -> None:
+                    body = dict(STREAM, seed=i, max_tokens=700)
+                    last = None
+                    async with c.stream("POST", s.base + "/v1/completions", json=body) as r:
+                        async for line in r.aiter_lines():
+                            if line.startswith("data: {"):
+                                now = time.monotonic()
+                                if last is not None:
+                                    gaps.append(now - last)
+                                last = now
+
+                async def expensive(n: int) -> tuple[int, dict, float]:
+                    t0 = time.monotonic()
+                    r = await c.post(s.base + "/v1/completions", json={
+                        "model": "toy", "prompt": "x", "max_tokens": 4,
+                        "response_format": {"type": "json_schema", "json_schema": {"schema": _expensive_schema(n)}}})
+                    return r.status_code, r.json(), time.monotonic() - t0
+
+                streams = [asyncio.create_task(one(i)) for i in range(8)]
+                await asyncio.sleep(0.5)
+                status, body, took = await expensive(3000)
+                again = await expensive(3000)  # refused at once: never compiled twice
+                fine = await expensive(200)  # a cheap schema still compiles and runs
+                await asyncio.gather(*streams)
+            return gaps, (status, body, took), again, fine
+
+        gaps, (status, body, took), again, fine = asyncio.run(main())
+        assert status == 400 and body["error"]["param"] == "response_format", body
+        assert "longer than" in body["error"]["message"] and took < 15
+        assert again[0] == 400 and again[2] < 1.0, again
+        assert fine[0] == 200, fine
+        gaps.sort()
+        p99 = gaps[int(0.99 * (len(gaps) - 1))]
+        assert len(gaps) > 1000 and p99 < 1.0 and gaps[-1] < 1.0, (p99, gaps[-5:])
+        assert s.health()["restarts"] == 0  # the worker was never killed over it
+    finally:
+        s.cleanup()

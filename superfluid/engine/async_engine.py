@@ -69,6 +69,7 @@ class AsyncEngine:
         self._inbox: collections.deque = collections.deque()
         self._wake = threading.Event()
         self._streams: dict[str, _Stream] = {}  # loop thread only
+        self._compiling: dict[str, _Stream] = {}  # queued, their grammar compiling; not yet settled
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._drain_deadline: float | None = None  # set by begin_drain (SIGTERM)
@@ -174,11 +175,14 @@ class AsyncEngine:
                 self._wake.clear()
                 self.engine.rings.request_yield(False)
                 self._drain_inbox()
+                self._settle_compiled()
                 self._check_drain()
                 if not self.engine.has_work():
                     self.engine.check_worker()
                     self._wake.wait(0.1)
                     continue
+                if self._compiling and not self.engine.scheduler.num_running:
+                    self._wake.wait(0.005)  # only compiles to wait for: do not spin
                 try:
                     self.engine.step()
                 except Exception as e:  # the engine failed every request it held
@@ -187,30 +191,51 @@ class AsyncEngine:
             self.error = e
             log.exception("the engine loop died")
         finally:
-            for rid in list(self._streams):
+            for rid in list(self._streams) + list(self._compiling):
                 self.engine.abort(rid)
+            for stream in self._compiling.values():
+                _settle(stream, error=EngineDead("the engine stopped"))
             self._fail_inbox(EngineDead("the engine stopped"))
 
     def _drain_inbox(self) -> None:
         while self._inbox:
             item = self._inbox.popleft()
             if item[0] == "abort":
-                if item[1] in self._streams:
+                if item[1] in self._streams or item[1] in self._compiling:
                     self.engine.abort(item[1])
                     self._streams.pop(item[1], None)
+                    self._compiling.pop(item[1], None)
                 continue
             _, rid, ids, params, stream, choices = item
             try:
+                # A grammar compiles in the worker's pool, not on this loop: the request
+                # is settled (accepted, or its 400) once the compile ends.
                 try:
-                    self.engine.add_request(rid, ids, params, choices)
+                    self.engine.add_request(rid, ids, params, choices, wait_grammar=False)
                 except ExecutorLost as e:
                     self.engine._recover_or_fail(e)  # then once more, on the clean worker
-                    self.engine.add_request(rid, ids, params, choices)
+                    self.engine.add_request(rid, ids, params, choices, wait_grammar=False)
             except Exception as e:
                 _settle(stream, error=e)
                 continue
+            if self.engine.grammar_pending(rid):
+                self._compiling[rid] = stream
+                continue
             self._streams[rid] = stream
             _settle(stream)
+
+    def _settle_compiled(self) -> None:
+        if not self._compiling:
+            return
+        for rid, error in self.engine.poll_grammars():
+            stream = self._compiling.pop(rid, None)
+            if stream is None:
+                continue
+            if error is not None:
+                _settle(stream, error=error)
+            else:
+                self._streams[rid] = stream
+                _settle(stream)
 
     def _fail_inbox(self, error: Exception) -> None:
         while self._inbox:

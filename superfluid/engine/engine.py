@@ -89,11 +89,13 @@ class Engine:
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-        choices: list[ChoiceStart] | None = None,
+        choices: list[ChoiceStart] | None = None, wait_grammar: bool = True,
     ) -> list[Request]:
         """Validate, take handles, queue one request per choice. Raises ParamError.
         ``choices`` (default: all n, fresh) names the choices to run and where each
-        starts: a request moved here from another replica resumes its unfinished ones."""
+        starts: a request moved here from another replica resumes its unfinished ones.
+        ``wait_grammar`` false: a grammar compiles in the background and the request
+        waits for it unadmitted; ``poll_grammars`` tells when it is settled."""
         if request_id in self._groups:
             raise ValueError(f"request id {request_id!r} is in use")
         self.validate(prompt_token_ids, params)
@@ -106,7 +108,7 @@ class Engine:
             for c in choices:
                 adopted = LeasedPrefix(*c.lease) if c.lease is not None else None
                 # One set per choice: a plan may name a grammar handle once.
-                handles = RequestHandles.acquire(self.ex, params, adopted)
+                handles = RequestHandles.acquire(self.ex, params, adopted, wait=wait_grammar)
                 reqs.append(Request(
                     request_id=f"{request_id}-{c.index}",
                     prompt_token_ids=list(map(int, prompt_token_ids)),
@@ -143,6 +145,38 @@ class Engine:
             self._groups.pop(request_id, None)
             raise
         return reqs
+
+    def grammar_pending(self, request_id: str) -> bool:
+        return any(r.handles.grammar_pending for r in self._groups.get(request_id, []))
+
+    def poll_grammars(self) -> list[tuple[str, ParamError | None]]:
+        """Requests whose background grammar compiles ended: (request id, None) once every
+        choice's is ready, (request id, ParamError) when one failed, the request then
+        ended with that error. One executor call for all that are pending."""
+        pending = [r for reqs in self._groups.values() for r in reqs if r.handles.grammar_pending]
+        if not pending:
+            return []
+        try:
+            states = self.ex.grammar_states([r.handles.grammar for r in pending])
+        except ExecutorLost as e:
+            self._recover_or_fail(e)  # the new worker compiles them again
+            return []
+        failed: dict[str, ParamError] = {}
+        for req, (state, message) in zip(pending, states):
+            if state == 0:
+                continue
+            try:
+                req.handles.grammar_settled(state, message)
+            except ParamError as e:
+                failed.setdefault(req.group_id, e)
+        settled = []
+        for rid in {r.group_id for r in pending}:
+            if rid in failed:
+                self.fail(rid, str(failed[rid]))
+                settled.append((rid, failed[rid]))
+            elif not self.grammar_pending(rid):
+                settled.append((rid, None))
+        return settled
 
     def _load_strategy(self) -> None:
         # Not on an exact_only runtime (recurrent state): a draft the model rejects must be cut

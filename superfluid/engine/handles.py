@@ -35,18 +35,24 @@ class RequestHandles:
     """One request's handles (0 / None: not held). An empty one holds nothing and has no
     executor: the state of a request made outside an engine, e.g. in a test."""
 
-    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: LeasedPrefix | None = None):
+    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: LeasedPrefix | None = None,
+                 wait: bool = True):
         self._ex = executor
         self._params = params
         self._logit_bias = 0
         self._grammar = 0
         self._adopted = adopted
+        self._wait = wait  # compile the grammar before acquire returns; else in the background
+        self.grammar_pending = False  # the grammar compiles: the request may not be admitted yet
 
     @classmethod
-    def acquire(cls, executor, params: SamplingParams, adopted: LeasedPrefix | None = None) -> RequestHandles:
+    def acquire(cls, executor, params: SamplingParams, adopted: LeasedPrefix | None = None,
+                wait: bool = True) -> RequestHandles:
         """Take the handles ``params`` asks for (and own ``adopted``). All or none: on a
-        failure (ParamError for a grammar that does not compile) what was taken goes back."""
-        handles = cls(executor, params, adopted)
+        failure (ParamError for a grammar that does not compile) what was taken goes back.
+        ``wait`` false: the grammar compiles in the executor's pool and the request waits
+        (``grammar_pending``) until ``grammar_settled`` says how it ended."""
+        handles = cls(executor, params, adopted, wait)
         try:
             handles._take()
         except BaseException:
@@ -75,8 +81,16 @@ class RequestHandles:
         it, unreleased; take the same ones anew. An adopted sequence is gone as well."""
         self._logit_bias = self._grammar = 0
         self._adopted = None
+        self.grammar_pending = False
         if self._ex is not None:
             self._take()
+
+    def grammar_settled(self, state: int, message: str) -> None:
+        """The background compile ended: ParamError (naming the request's field) if it failed."""
+        self.grammar_pending = False
+        if state != 1:
+            g = self._params.grammar
+            raise ParamError(f"invalid {g.kind.replace('_', ' ')}: {message}", g.param)
 
     def release(self) -> None:
         """Give every handle back, once."""
@@ -100,6 +114,10 @@ class RequestHandles:
         if p.grammar is not None:
             # One handle per choice: a plan may name a grammar handle once.
             try:
-                self._grammar = self._ex.compile_grammar(p.grammar.kind, p.grammar.source)
+                if self._wait:
+                    self._grammar = self._ex.compile_grammar(p.grammar.kind, p.grammar.source)
+                else:
+                    self._grammar = self._ex.compile_grammar(p.grammar.kind, p.grammar.source, wait=False)
+                    self.grammar_pending = True
             except ValueError as e:  # GrammarError is a ValueError
-                raise ParamError(f"invalid {p.grammar.kind.replace('_', ' ')}: {e}", "response_format") from e
+                raise ParamError(f"invalid {p.grammar.kind.replace('_', ' ')}: {e}", p.grammar.param) from e

@@ -39,6 +39,7 @@ class GrammarSpec:
 
     kind: str
     source: str = ""
+    param: str = "response_format"  # the request field it came from (errors name it)
 
 
 @dataclass(frozen=True)

@@ -100,14 +100,17 @@ class Scheduler(EventsApplied):
         return [req]
 
     def _admissible(self) -> list[Request]:
-        """The waiting requests a plan may admit: all, except during probation, when only
-        the first suspect and requests that have run before (no new one: each failure
-        must have a single suspect)."""
+        """The waiting requests a plan may admit: all whose grammar is compiled, except
+        during probation, when only the first suspect and requests that have run before
+        (no new one: each failure must have a single suspect)."""
         self._probation = [r for r in self._probation if not r.is_finished and r in self.waiting]
+        waiting = self.waiting
+        if any(r.handles.grammar_pending for r in waiting):  # still compiling: not yet
+            waiting = [r for r in waiting if not r.handles.grammar_pending]
         if not self._probation:
-            return self.waiting
+            return waiting
         first = self._probation[0]
-        return [r for r in self.waiting if r is first or id(r) not in self._untested]
+        return [r for r in waiting if r is first or id(r) not in self._untested]
 
     def _tested(self, tick: ScheduledTick) -> None:
         """The executor accepted a tick: the requests it admitted are no longer new."""

@@ -10,6 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import itertools
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -49,17 +50,25 @@ class Grammars:
     def __init__(self, prim: RuntimePrimitives):
         self._prim = prim
         self._store: GrammarStore | None = None
+        self._making = threading.Lock()  # one store, whichever thread makes it first
 
     @property
     def store(self) -> "GrammarStore | None":
-        if self._store is None:
-            vocab = self._prim.vocabulary()
-            if vocab is None:
-                return None
-            from .grammar import GrammarStore  # deferred for import time, not a cycle
+        with self._making:
+            if self._store is None:
+                vocab = self._prim.vocabulary()
+                if vocab is None:
+                    return None
+                from .grammar import GrammarStore  # deferred for import time, not a cycle
 
-            self._store = GrammarStore(vocab, self._prim.desc.vocab_size)
-        return self._store
+                self._store = GrammarStore(vocab, self._prim.desc.vocab_size)
+            return self._store
+
+    def warm(self) -> None:
+        """Make the store in a background thread (a worker does at start), so that the
+        first grammar a request brings does not pay xgrammar's import and vocabulary
+        setup (seconds) on the tick loop."""
+        threading.Thread(target=lambda: self.store, name="grammar-warm", daemon=True).start()
 
     @property
     def made(self) -> "GrammarStore | None":

@@ -129,13 +129,19 @@ class Executor:
     def release_logit_bias(self, handle: int) -> None:
         self.ctx.biases.pop(handle, None)
 
-    def compile_grammar(self, kind: str, source: str | None = None) -> int:
+    def compile_grammar(self, kind: str, source: str | None = None, wait: bool = True) -> int:
         store = self.ctx.grammars.store
         if store is None:
             raise ValueError(f"the {self.desc.runtime_id} runtime has no vocabulary for grammars")
-        h = store.compile(kind, source)
+        h = store.compile(kind, source, wait)
         self.ctx.done_ops.append(OpCompletion(OpKind.GRAMMAR, h))
         return h
+
+    def grammar_states(self, handles: list[int]) -> list[tuple[int, str]]:
+        store = self.ctx.grammars.made
+        if store is None:
+            return [(2, f"grammar handle {h} is not live") for h in handles]
+        return store.states(handles)
 
     def release_grammar(self, handle: int) -> None:
         self.ctx.grammars.release(handle)

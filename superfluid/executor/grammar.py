@@ -15,13 +15,24 @@ Invariants:
   text; xgrammar marks empty tokens special (never allowed) and allows the stop tokens
   only where the grammar can end.
 - ``cursor`` changes no state of the store: it only builds a fresh matcher.
+- Compiling runs in a bounded pool of threads (xgrammar releases the GIL), never on the
+  caller's loop: ``compile(wait=False)`` answers a handle at once, and ``states`` says
+  when it is ready. A compile still running ``COMPILE_BUDGET_S`` after it was asked for
+  fails, and its source is refused at once from then on (``_refused``, by hash): an
+  expensive schema costs one budget, once, and is never retried. A runaway compile
+  keeps its pool thread until xgrammar returns (threads cannot be killed); the pool is
+  small, so such compiles queue and time out instead of piling up.
 """
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import itertools
 import json
 import re
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,7 +42,11 @@ from ..runtimes.base import Vocabulary
 
 KINDS = ("json_schema", "json_object", "regex", "ebnf")
 CACHE_BYTES = 64 << 20  # xgrammar's compiled-grammar cache across handles
-COMPILE_THREADS = 8
+COMPILE_THREADS = 1  # xgrammar's own threads within one compile
+COMPILE_POOL = 2  # compiles at once
+COMPILE_BUDGET_S = 5.0  # from the request to a compiled grammar
+MAX_REFUSED = 4096  # sources remembered as too expensive
+PENDING, READY, FAILED = 0, 1, 2  # a grammar handle's state (``states``)
 
 
 from .grammar_errors import GrammarError, GrammarOverflow  # noqa: E402  (re-exported)
@@ -108,9 +123,16 @@ class LaneGrammar:
 
 @dataclass(eq=False)
 class _Entry:
-    compiled: xgr.CompiledGrammar
+    future: Future  # -> xgr.CompiledGrammar, or GrammarError
+    key: bytes  # the source's hash
+    asked: float  # time.monotonic() when compiling was asked for
     owned: bool = True  # the owner's reference (from compile) is held
     lanes: set[int] = field(default_factory=set)  # lane handles that borrowed it
+    error: str | None = None  # set once it failed (or ran past the budget)
+
+    @property
+    def compiled(self) -> xgr.CompiledGrammar:
+        return self.future.result()
 
 
 class GrammarStore:
@@ -134,16 +156,56 @@ class GrammarStore:
             info, max_threads=COMPILE_THREADS, cache_limit_bytes=CACHE_BYTES
         )
         self._grammars: dict[int, _Entry] = {}  # grammar handle -> entry
+        self._pool = ThreadPoolExecutor(COMPILE_POOL, thread_name_prefix="grammar-compile")
+        self._refused: collections.OrderedDict[bytes, str] = collections.OrderedDict()  # hash -> why
+        self.budget_s = COMPILE_BUDGET_S
         self._lanes: dict[int, int] = {}  # lane handle -> grammar handle
         self._ids = itertools.count(1)
 
     # ------------------------------------------------------------ owner side
 
-    def compile(self, kind: str, source: str | None = None) -> int:
-        compiled = self._compile(kind, source)
+    def compile(self, kind: str, source: str | None = None, wait: bool = True) -> int:
+        """A grammar handle. ``wait``: compile now (GrammarError if it fails or runs past
+        the budget); else the compile runs in the pool and ``states`` tells its end."""
+        key = hashlib.blake2b(f"{kind}\0{source}".encode(), digest_size=16).digest()
+        if key in self._refused:
+            raise GrammarError(self._refused[key])
+        _check_source(kind, source)
         handle = next(self._ids)
-        self._grammars[handle] = _Entry(compiled)
+        entry = self._grammars[handle] = _Entry(self._pool.submit(self._compile, kind, source), key, time.monotonic())
+        if wait:
+            state, message = self._settle(entry, block=True)
+            if state == FAILED:
+                del self._grammars[handle]
+                raise GrammarError(message)
         return handle
+
+    def states(self, handles: list[int]) -> list[tuple[int, str]]:
+        """(PENDING | READY | FAILED, the failure's message) for each grammar handle."""
+        out = []
+        for h in handles:
+            entry = self._grammars.get(h)
+            out.append((FAILED, f"grammar handle {h} is not live") if entry is None else self._settle(entry))
+        return out
+
+    def _settle(self, entry: _Entry, block: bool = False) -> tuple[int, str]:
+        if entry.error is None and not entry.future.done():
+            left = entry.asked + self.budget_s - time.monotonic()
+            if block and left > 0:
+                try:
+                    entry.future.exception(timeout=left)
+                except TimeoutError:
+                    pass
+            if not entry.future.done():
+                if time.monotonic() - entry.asked < self.budget_s:
+                    return PENDING, ""
+                entry.error = f"compiling the grammar took longer than {self.budget_s:g} s; it is refused"
+                self._refused[entry.key] = entry.error
+                while len(self._refused) > MAX_REFUSED:
+                    self._refused.popitem(last=False)
+        if entry.error is None and entry.future.exception() is not None:
+            entry.error = str(entry.future.exception())
+        return (FAILED, entry.error) if entry.error is not None else (READY, "")
 
     def release(self, handle: int) -> None:
         """Drop the one reference ``handle`` names (an owner's or a lane's)."""
@@ -161,7 +223,7 @@ class GrammarStore:
 
     def available(self, handle: int) -> bool:
         entry = self._grammars.get(handle)
-        return entry is not None and entry.owned
+        return entry is not None and entry.owned and self._settle(entry)[0] == READY
 
     def handles(self) -> dict[int, int]:
         """Live grammar handle -> references held (owner + lanes)."""
@@ -198,15 +260,10 @@ class GrammarStore:
         return entry
 
     def _compile(self, kind: str, source: str | None) -> xgr.CompiledGrammar:
-        if kind not in KINDS:
-            raise GrammarError(f"unknown grammar kind {kind!r} (one of {', '.join(KINDS)})")
+        """In a pool thread: the source was checked by ``_check_source``."""
         if kind == "json_object":
             # Any object: an object schema that allows every property.
             return self._compiler.compile_json_schema('{"type": "object"}', strict_mode=False)
-        if not isinstance(source, str) or not source.strip():
-            raise GrammarError(f"{kind} needs a source text")
-        if kind == "json_schema":
-            _check_schema(source)
         try:
             if kind == "json_schema":
                 return self._compiler.compile_json_schema(source)
@@ -215,6 +272,18 @@ class GrammarStore:
             return self._compiler.compile_grammar(source)
         except (RuntimeError, ValueError, TypeError) as e:
             raise GrammarError(f"invalid {kind}: {_clean(str(e))}") from None
+
+
+def _check_source(kind: str, source: str | None) -> None:
+    """What can be refused at once, before a compile is started."""
+    if kind not in KINDS:
+        raise GrammarError(f"unknown grammar kind {kind!r} (one of {', '.join(KINDS)})")
+    if kind == "json_object":
+        return
+    if not isinstance(source, str) or not source.strip():
+        raise GrammarError(f"{kind} needs a source text")
+    if kind == "json_schema":
+        _check_schema(source)
 
 
 def _check_schema(source: str) -> None:

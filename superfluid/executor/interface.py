@@ -63,8 +63,13 @@ class ExecutorInterface(Protocol):
 
     def release_logit_bias(self, handle: int) -> None: ...
 
-    def compile_grammar(self, kind: str, source: str | None = None) -> int:
-        """A grammar handle; GrammarError (a ValueError) for an invalid grammar."""
+    def compile_grammar(self, kind: str, source: str | None = None, wait: bool = True) -> int:
+        """A grammar handle; GrammarError (a ValueError) for an invalid grammar. With
+        ``wait`` false the compile runs in the background (a bounded pool, a time
+        budget): the handle is usable once ``grammar_states`` says READY."""
+
+    def grammar_states(self, handles: list[int]) -> list[tuple[int, str]]:
+        """Per grammar handle: (0 pending | 1 ready | 2 failed, the failure's message)."""
 
     def release_grammar(self, handle: int) -> None: ...
 

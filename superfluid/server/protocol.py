@@ -128,9 +128,9 @@ class ChatCompletionRequest(_Sampling):
 def _grammar(req: _Sampling) -> GrammarSpec | None:
     rf = req.response_format
     if req.guided_regex is not None:
-        return GrammarSpec("regex", req.guided_regex)
+        return GrammarSpec("regex", req.guided_regex, "guided_regex")
     if req.guided_json is not None:
-        return GrammarSpec("json_schema", json_bounds.schema_text(req.guided_json, "guided_json"))
+        return GrammarSpec("json_schema", json_bounds.schema_text(req.guided_json, "guided_json"), "guided_json")
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":

@@ -71,11 +71,11 @@ class ToolPlan:
             xgr.Grammar.from_ebnf(f'root ::= "\\n{CLOSE}"'),
         )
         if self.mode == "named" or not self.parallel:
-            return GrammarSpec("ebnf", str(one))
+            return GrammarSpec("ebnf", str(one), "tools")
         # root renamed, then repeated: 1..MAX_PARALLEL_CALLS blocks, one per line
         block = re.sub(r"^root ::=", "tool_call_block ::=", str(one), count=1, flags=re.M)
         more = MAX_PARALLEL_CALLS - 1
-        return GrammarSpec("ebnf", f'root ::= tool_call_block ("\\n" tool_call_block){{0,{more}}}\n{block}')
+        return GrammarSpec("ebnf", f'root ::= tool_call_block ("\\n" tool_call_block){{0,{more}}}\n{block}', "tools")
 
     def prompt_tools(self) -> list[dict]:
         """The tools as templates render them (OpenAI's shape)."""

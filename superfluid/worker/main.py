@@ -131,6 +131,7 @@ class Worker:
     def attach_rings(self, spec: list, host_cache_bytes: int) -> None:
         config = ExecutorConfig(fatal_exit=True, host_cache_bytes=host_cache_bytes)
         self.ex = Executor(self.rt, SharedRings.attach(tuple(spec)), config)
+        self.ex.ctx.grammars.warm()  # xgrammar's setup off the tick loop, before any request needs it
 
     def fail_runtime(self, primitive: str, mode: str, times: int = 1, after: int = 0) -> None:
         fail_runtime(self.rt, primitive, mode, times, after)

@@ -95,6 +95,7 @@ OPS: tuple[Op, ...] = (
     _op(_EX, "register_logit_bias", int),
     _op(_EX, "release_logit_bias", None),
     _op(_EX, "compile_grammar", int),
+    _op(_EX, "grammar_states", list[tuple[int, str]]),
     _op(_EX, "release_grammar", None),
     _op(_EX, "load_strategy", int),
     _op(_EX, "inject_fault", None),
