@@ -217,7 +217,7 @@ def test_logit_bias_bans_a_token(client):
         ("/v1/chat/completions", chat_body(messages=[]), 400, "messages"),
         ("/v1/chat/completions", chat_body(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}), 400, "response_format"),
         ("/v1/chat/completions", chat_body(response_format={"type": "regex", "regex": "(unclosed"}), 400, "response_format"),
-        ("/v1/chat/completions", chat_body(guided_regex="[a-"), 400, "response_format"),
+        ("/v1/chat/completions", chat_body(guided_regex="[a-"), 400, "guided_regex"),
         ("/v1/chat/completions", chat_body(response_format={"type": "yaml"}), 400, None),
         # pydantic errors come back as 400 in OpenAI's shape, not FastAPI's 422
         ("/v1/completions", {"model": MODEL}, 400, "prompt"),

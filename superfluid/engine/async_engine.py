@@ -225,8 +225,8 @@ class AsyncEngine:
             _settle(stream)
 
     def _settle_compiled(self) -> None:
-        if not self._compiling:
-            return
+        # Every turn, not only while a submission waits: a replaced worker compiles the
+        # grammars of requests already running again (handles renewed), in the background.
         for rid, error in self.engine.poll_grammars():
             stream = self._compiling.pop(rid, None)
             if stream is None:
