@@ -41,7 +41,7 @@ def serve_cluster(args, config: EngineConfig) -> int:
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
     print(f"superfluid: starting {cfg.replicas} replicas of {config.model} on Ray ...", file=sys.stderr, flush=True)
     app, cluster = build_app(config, cfg, args.served_model_name, drain_s=args.drain_timeout, limits=limits,
-                             request_timeout=args.request_timeout)
+                             request_timeout=args.request_timeout, web_ui=not args.no_web_ui)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:

@@ -13,6 +13,7 @@ import contextlib
 
 from fastapi import FastAPI
 
+from .. import web
 from ..engine.async_engine import AsyncEngine
 from . import chat, completions, status_routes, tokenize_routes
 from .errors import install_error_handlers
@@ -23,7 +24,7 @@ from .serving import Serving
 
 def create_app(
     engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
-    limits: Limits = Limits(), request_timeout: float = 0.0,
+    limits: Limits = Limits(), request_timeout: float = 0.0, web_ui: bool = True,
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -45,6 +46,8 @@ def create_app(
     status_routes.install_metrics(app, metrics)
     completions.install(app, serving)
     chat.install(app, serving)
+    if web_ui:  # the chat page at / (superfluid/web/): static files over the API above
+        web.install(app)
     return app
 
 
