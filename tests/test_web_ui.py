@@ -252,7 +252,8 @@ def test_a_reload_finds_the_conversation_and_new_chat_starts_another(toy, browse
 
 # The toy answers with exactly this text (a regex grammar, through the page's extra fields):
 # markup and a fenced block that would run script if it were ever inserted as HTML.
-HOSTILE = "Look: <script>window.__pwned=1</script> <img src=x onerror=window.__pwned=2>\n```html\n<b>bold</b>\n```\nend"
+HOSTILE = ("Look: <script>window.__pwned=1</script> `<i>x</i>` <img src=x onerror=window.__pwned=2>\n"
+           "```html\n<b>bold</b>\n```\nend")
 
 
 def test_an_answer_with_markup_is_shown_as_text_and_code_as_code(toy, browser):
@@ -268,14 +269,16 @@ def test_an_answer_with_markup_is_shown_as_text_and_code_as_code(toy, browser):
     shown = browser.execute_script(
         "return Array.from(document.querySelectorAll('#messages .msg.assistant .content > *'))"
         ".map(e => [e.tagName, e.textContent, e.firstChild && e.firstChild.dataset ? e.firstChild.dataset.lang : null])")
-    assert shown == [["SPAN", "Look: <script>window.__pwned=1</script> <img src=x onerror=window.__pwned=2>\n", None],
-                     ["PRE", "<b>bold</b>", "html"], ["SPAN", "end", None]]
-    assert browser.find_elements(By.CSS_SELECTOR, "#messages script, #messages img, #messages b") == []
+    prose = "Look: <script>window.__pwned=1</script> <i>x</i> <img src=x onerror=window.__pwned=2>\n"
+    assert shown == [["SPAN", prose, None], ["PRE", "<b>bold</b>", "html"], ["SPAN", "end", None]]
+    inline = browser.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant span > code")
+    assert [e.get_attribute("textContent") for e in inline] == ["<i>x</i>"]
+    assert browser.find_elements(By.CSS_SELECTOR, "#messages script, #messages img, #messages b, #messages i") == []
     assert browser.find_element(By.CSS_SELECTOR, "#messages .msg.user .content").text.startswith("<img src=y")
     assert browser.execute_script("return window.__pwned") is None  # nothing ran
     browser.refresh()  # nor from storage
     wait_for(lambda: last_answer(browser), what="the stored conversation")
-    assert browser.find_elements(By.CSS_SELECTOR, "#messages script, #messages img, #messages b") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#messages script, #messages img, #messages b, #messages i") == []
     assert browser.execute_script("return window.__pwned") is None
 
 
@@ -323,17 +326,20 @@ def test_the_default_model_streams_stops_and_is_photographed(browser, tmp_path):
     try:
         open_page(browser, s.base)
         fill(browser, "temperature", "0")
-        fill(browser, "max-tokens", "48")
-        question = "What is the capital of France? Answer in one sentence."
+        fill(browser, "max-tokens", "120")
+        # a few sentences: this model writes ~150 tokens/s here, a one-line answer is gone between two polls
+        question = "Tell me about Paris in three sentences."
         type_message(browser, question)
         seen, a = watch_stream(browser, 1)
         assert len({n for n in seen if n > 0}) >= 2, seen
-        text, usage = direct(s.base, [{"role": "user", "content": question}], temperature=0, max_tokens=48)
+        text, usage = direct(s.base, [{"role": "user", "content": question}], temperature=0, max_tokens=120)
         assert a["state"] == "done" and a["text"] == text and "Paris" in text
         assert int(a["data"]["tokens"]) == usage["completion_tokens"]
-        type_message(browser, "Write a Python function that adds two numbers.")
+        type_message(browser, "Write Python code to reverse a string.")
         b = finished(browser, 2, timeout=120)
         assert int(b["data"]["cached"]) > 0  # the first turn came from the prefix cache
+        code = browser.find_elements("css selector", "#messages .msg.assistant pre > code")
+        assert code and code[-1].get_attribute("data-lang") == "python" and "def " in code[-1].text, b["text"]
         # a long answer stopped mid-stream frees the lane
         fill(browser, "max-tokens", "400")
         browser.find_element("id", "new-chat").click()
@@ -343,6 +349,7 @@ def test_the_default_model_streams_stops_and_is_photographed(browser, tmp_path):
         assert finished(browser, 1, timeout=10)["state"] == "stopped"
         wait_for(lambda: metric(s.base, "superfluid_running_requests") == 0, timeout=5, what="the lane freed")
         browser.find_elements("css selector", "#conversations .open")[1].click()  # back to the first chat
+        browser.set_window_size(1280, 1000)
         browser.execute_script("document.getElementById('messages').scrollTop = 0")
         shot = Path(os.environ.get("SUPERFLUID_WEB_UI_SCREENSHOT") or tmp_path / "web_ui.png")
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

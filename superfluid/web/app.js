@@ -222,16 +222,27 @@ function stop() {
 
 // ------------------------------------------------------------------ rendering
 
-// Text with ``` fences: the text between fences as text, each fenced part as <pre><code>
+// Prose: text nodes, with `inline code` (one line, between single backticks) as <code>.
+function textSpan(text) {
+  const span = document.createElement("span");
+  text.split(/`([^`\n]+)`/).forEach((piece, i) => {
+    if (i % 2 === 0) {
+      span.append(document.createTextNode(piece));
+    } else {
+      const code = document.createElement("code");
+      code.textContent = piece;
+      span.append(code);
+    }
+  });
+  return span;
+}
+
+// Text with ``` fences: the text between fences as prose, each fenced part as <pre><code>
 // (a first line that is one word names the language). An unclosed fence (still
 // streaming) is code up to the end.
 function renderText(el, text) {
   const nodes = text.split("```").map((part, i) => {
-    if (i % 2 === 0) {
-      const span = document.createElement("span");
-      span.textContent = i > 0 ? part.replace(/^\n/, "") : part;
-      return span;
-    }
+    if (i % 2 === 0) return textSpan(i > 0 ? part.replace(/^\n/, "") : part);
     let code = part;
     const nl = part.indexOf("\n");
     const lang = nl >= 0 ? part.slice(0, nl).trim() : "";
