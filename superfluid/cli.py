@@ -123,7 +123,8 @@ def serve(args: argparse.Namespace) -> int:
     engine = _build(config)
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
     app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout,
-                     limits=limits_from_args(args), request_timeout=args.request_timeout, api_key=args.resolved_api_key)
+                     limits=limits_from_args(args), request_timeout=args.request_timeout, api_key=args.resolved_api_key,
+                     web_ui=not args.no_web_ui)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -254,6 +255,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")
+    s.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at / (the API is the same)")
     s.add_argument("--in-process", action="store_true", help="run the model in the server's process, not a supervised worker")
     s.add_argument("--runtime-arg", action="append", metavar="KEY=VALUE",
                    help="an extra keyword argument for the runtime (repeatable; tests: step_delay=0.02 slows the toy)")

@@ -13,6 +13,7 @@ import contextlib
 
 from fastapi import FastAPI
 
+from .. import web
 from ..engine.async_engine import AsyncEngine
 from . import chat, completions, status_routes, tokenize_routes
 from .auth import ApiKey
@@ -24,7 +25,7 @@ from .serving import Serving
 
 def create_app(
     engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
-    limits: Limits = Limits(), request_timeout: float = 0.0, api_key: str | None = None,
+    limits: Limits = Limits(), request_timeout: float = 0.0, api_key: str | None = None, web_ui: bool = True,
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -49,6 +50,8 @@ def create_app(
     status_routes.install_metrics(app, metrics)
     completions.install(app, serving)
     chat.install(app, serving)
+    if web_ui:  # the chat page at / (superfluid/web/): static files over the API above
+        web.install(app)
     return app
 
 
