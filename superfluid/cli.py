@@ -106,6 +106,7 @@ def serve(args: argparse.Namespace) -> int:
     from .engine.async_engine import AsyncEngine
     from .server.limits import H11_MAX_HEADER_BYTES, Limits
     from .server.openai import create_app
+    from .server.state_args import app_kwargs
 
     config = _config(
         args, max_queued_requests=args.max_queued_requests, max_n=args.max_n, progress=True, worker=not args.in_process,
@@ -120,7 +121,7 @@ def serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
     app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout,
-                     limits=limits, request_timeout=args.request_timeout)
+                     limits=limits, request_timeout=args.request_timeout, **app_kwargs(args))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -256,6 +257,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
     s.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs each replica holds")
     s.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs each replica holds")
+    from .server.state_args import add_args  # --state-dir, the responses store's and the streams' bounds
+
+    add_args(s)
     s.set_defaults(func=serve)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text")

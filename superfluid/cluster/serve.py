@@ -35,13 +35,14 @@ def serve_cluster(args, config: EngineConfig) -> int:
     import uvicorn
 
     from ..server.limits import H11_MAX_HEADER_BYTES, Limits
+    from ..server.state_args import app_kwargs
 
     cfg = ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
                         replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus)
     limits = Limits(max_body_bytes=int(args.max_body_mb * (1 << 20)), max_prompt_chars=args.max_prompt_chars)
     print(f"superfluid: starting {cfg.replicas} replicas of {config.model} on Ray ...", file=sys.stderr, flush=True)
     app, cluster = build_app(config, cfg, args.served_model_name, drain_s=args.drain_timeout, limits=limits,
-                             request_timeout=args.request_timeout)
+                             request_timeout=args.request_timeout, **app_kwargs(args))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterator
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
@@ -125,9 +126,17 @@ def install(app: FastAPI, serving: Serving) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
         serving.check_model(body.model)
-        params = translated(chat_params, body)
-        text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars)
-        ids = serving.tokenizer.encode(text, add_special_tokens=False)
-        serving.validate(ids, params)
+        # the template, the tool grammar and the tokenizer run off the event loop: a long
+        # conversation never stalls other streams
+        ids, plan, params = await run_in_threadpool(tokenized, body, serving)
         shape = ChatShape(serving.tokenizer, params.logprobs, plan)
         return await serving.answer(request, body, "chatcmpl", [ids], params, shape)
+
+
+def tokenized(body: ChatCompletionRequest, serving: Serving) -> tuple[list[int], ToolPlan | None, SamplingParams]:
+    """The prompt's token ids, the tool plan and the validated params; APIError for a bad request."""
+    params = translated(chat_params, body)
+    text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars)
+    ids = serving.tokenizer.encode(text, add_special_tokens=False)
+    serving.validate(ids, params)
+    return ids, plan, params

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Protocol
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ..engine.async_engine import RequestStream
 from ..engine.outputs import Delta
@@ -155,13 +154,9 @@ def _raise_failed(c: Choice, seconds: float | None) -> None:
 # ------------------------------------------------------------------ streamed
 
 
-def streamed(reply: Reply, shape: Shape, include_usage: bool) -> StreamingResponse:
-    return StreamingResponse(events(reply, shape, include_usage), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
-
 async def events(reply: Reply, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE events of one response; closing it (a client that left) aborts the streams."""
+    """The SSE events of one response (stream_hub.py records and serves them); closing it
+    (no client came back) aborts the streams."""
     usage = Usage()
     head = reply.head(shape.chunk_object)
 
