@@ -385,3 +385,39 @@ def test_resuming_what_is_not_there(server, client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "Last-Event-ID"
     with pytest.raises(openai.NotFoundError):
         list(client.responses.retrieve("resp_unknown", stream=True))
+
+
+def test_retained_streams_are_bounded_by_time_count_and_bytes():
+    from superfluid.engine.async_engine import AsyncEngine
+    from superfluid.engine.config import EngineConfig
+    from superfluid.engine.loader import build_engine
+    from superfluid.server.openai import create_app
+    from superfluid.server.stream_log import StreamConfig
+
+    def app(**kw):
+        return TestClient(create_app(AsyncEngine(build_engine(EngineConfig(runtime="toy", model=MODEL))),
+                                     streams=StreamConfig(**kw)))
+
+    def run(c, n: int = 8) -> tuple[str, bytes]:
+        raw = c.post("/v1/completions", json={"model": MODEL, "prompt": "b", "max_tokens": n, "stream": True}).content
+        return sse(raw)[0]["id"].rpartition(":")[0], raw
+
+    def resume(c, sid: str, after: int = 0):
+        return c.post("/v1/completions", headers={"Last-Event-ID": f"{sid}:{after}"},
+                      json={"model": MODEL, "prompt": "b", "stream": True})
+
+    with app(max_streams=2) as c:
+        sids = [run(c)[0] for _ in range(3)]
+        assert [resume(c, sid).status_code for sid in sids] == [404, 200, 200]  # the oldest finished one went
+    with app(retention_s=0.5) as c:
+        sid, raw = run(c)
+        first = sse(raw)[0]["raw"]
+        assert resume(c, sid).content == raw[len(first):]  # byte for byte
+        time.sleep(0.6)
+        r = resume(c, sid)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "stream_not_found"
+    with app(max_bytes=6000) as c:
+        old, raw = run(c, 12)
+        assert len(raw) > 3000
+        new, _ = run(c, 12)  # two such streams do not fit: the older finished one goes
+        assert resume(c, old).status_code == 404 and resume(c, new).status_code == 200

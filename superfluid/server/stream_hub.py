@@ -126,10 +126,6 @@ class StreamHub:
             raise APIError(400, f"stream {sid!r} has only {s.next_index} events", "Last-Event-ID", "invalid_value")
         return self.response(s, after + 1)
 
-    def has(self, sid: str) -> bool:
-        self.sweep()
-        return sid in self.logs
-
     # ------------------------------------------------------------ bounds
     def sweep(self) -> None:
         """Forget finished streams past their retention, and the oldest past the count cap."""

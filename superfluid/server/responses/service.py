@@ -27,6 +27,7 @@ from ..deadline import deadline_s
 from ..errors import APIError
 from ..responder import Reply
 from ..serving import Serving, invalid_params
+from ..stream_log import parse_event_id
 from . import items as item_codec
 from . import stream
 from .build import ResponseBuild
@@ -118,8 +119,8 @@ class Responses:
         """The response's events after ``starting_after`` (or the ``Last-Event-ID`` header's), else all."""
         after = starting_after
         if after is None:
-            header = request.headers.get("last-event-id")
-            after = int(header.rpartition(":")[2]) if header and header.rpartition(":")[2].isdigit() else -1
+            named = parse_event_id(request.headers.get("last-event-id") or "")
+            after = named[1] if named is not None and named[0] == rid else -1
         return self.serving.streams.resume_after(rid, after)
 
     async def delete(self, rid: str) -> dict:
