@@ -108,6 +108,7 @@ def serve(args: argparse.Namespace) -> int:
     from .server.http_config import uvicorn_config
     from .server.limits import limits_from_args
     from .server.openai import create_app
+    from .server.state_args import app_kwargs
 
     args.resolved_api_key = api_key(args.api_key)
 
@@ -124,7 +125,7 @@ def serve(args: argparse.Namespace) -> int:
     async_engine = AsyncEngine(engine, max_queued=config.max_queued_requests)
     app = create_app(async_engine, model_name=args.served_model_name or config.model, drain_s=args.drain_timeout,
                      limits=limits_from_args(args), request_timeout=args.request_timeout, api_key=args.resolved_api_key,
-                     web_ui=not args.no_web_ui)
+                     web_ui=not args.no_web_ui, **app_kwargs(args))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -267,6 +268,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
     s.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs each replica holds")
     s.add_argument("--replica-gpus", type=float, default=0.0, help="Ray GPUs each replica holds")
+    from .server.state_args import add_args  # --state-dir, the responses store's and the streams' bounds
+
+    add_args(s)
     s.set_defaults(func=serve)
 
     g = sub.add_parser("generate", help="complete one prompt and print the text")

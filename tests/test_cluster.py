@@ -27,10 +27,11 @@ N_STREAMS = 16
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     # step_delay: every runtime step takes 10 ms, so that streams are still running
     # when a replica is killed or drained
-    s = Server("--replicas", "3", "--replica-cpus", "0.5", "--runtime-arg", "step_delay=0.01", ready_timeout=180)
+    s = Server("--replicas", "3", "--replica-cpus", "0.5", "--runtime-arg", "step_delay=0.01", "--state-dir",
+               str(tmp_path_factory.mktemp("state")), ready_timeout=180)
     yield s
     s.cleanup()
 
@@ -127,6 +128,20 @@ def test_prompt_cache_key_pins_a_replica(server, client):
     after = _routed(server)
     grew = {n: after[n]["routed"].get("cache_key", 0) - before[n]["routed"].get("cache_key", 0) for n in after}
     assert sorted(grew.values()) == [0, 0, 4], grew
+
+
+def test_a_stored_conversation_routes_every_turn_to_the_replica_holding_its_prefix(server, client):
+    """previous_response_id carries the conversation's cache key: every turn goes where the key hashes."""
+    before = _routed(server)
+    r, cached = None, []
+    for turn in range(3):
+        r = client.responses.create(model=MODEL, input=f"Question {turn}: and then what happened?", temperature=0,
+                                    max_output_tokens=12, previous_response_id=r.id if r else None)
+        cached.append(r.usage.input_tokens_details.cached_tokens)
+    after = _routed(server)
+    grew = {n: after[n]["routed"].get("cache_key", 0) - before[n]["routed"].get("cache_key", 0) for n in after}
+    assert sorted(grew.values()) == [0, 0, 3], grew
+    assert cached[1] > cached[0] and cached[2] > cached[1], cached
 
 
 def test_killing_a_replica_actor_leaves_every_stream_its_text(server, reference):

@@ -13,13 +13,14 @@ from superfluid.engine.async_engine import AsyncEngine
 from superfluid.engine.config import EngineConfig
 from superfluid.engine.loader import build_engine
 from superfluid.server.openai import create_app
+from superfluid.server.stream_log import StreamConfig
 
 MODEL = "toy"
 
 
-def make_client(max_queued: int = 64, **engine_kw) -> TestClient:
+def make_client(max_queued: int = 64, streams: StreamConfig = StreamConfig(), **engine_kw) -> TestClient:
     engine = build_engine(EngineConfig(runtime="toy", model=MODEL, **engine_kw))
-    app = create_app(AsyncEngine(engine, max_queued=max_queued))
+    app = create_app(AsyncEngine(engine, max_queued=max_queued), streams=streams)
     return TestClient(app)
 
 
@@ -38,7 +39,7 @@ def chat_body(**kw):
 def sse_events(resp) -> list:
     events = []
     for line in resp.iter_lines():
-        if not line:
+        if not line or line.startswith("id: "):  # every event has an id (resumable streams)
             continue
         assert line.startswith("data: ")
         data = line[len("data: ") :]
@@ -279,8 +280,9 @@ def test_queue_full_answers_429():
 
 
 def test_client_disconnect_aborts_the_stream():
-    # slow steps (400 tokens >= 2 s): on a busy machine the request cannot finish before the disconnect lands
-    with make_client(runtime_extra=(("step_delay", 0.005),)) as c:
+    # slow steps (400 tokens >= 2 s): on a busy machine the request cannot finish before the disconnect lands;
+    # no grace window (a stream then waits that long for its client to resume: test_responses.py)
+    with make_client(streams=StreamConfig(grace_s=0), runtime_extra=(("step_delay", 0.005),)) as c:
         engine = c.app.state.engine
         body = {"model": MODEL, "prompt": "long", "max_tokens": 400, "ignore_eos": True, "stream": True}
         with c.stream("POST", "/v1/completions", json=body) as r:

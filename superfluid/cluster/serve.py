@@ -36,13 +36,14 @@ def serve_cluster(args, config: EngineConfig) -> int:
 
     from ..server.limits import limits_from_args
     from ..server.http_config import uvicorn_config
+    from ..server.state_args import app_kwargs
 
     cfg = ClusterConfig(replicas=args.replicas, ray_address=args.ray_address,
                         replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus)
     print(f"superfluid: starting {cfg.replicas} replicas of {config.model} on Ray ...", file=sys.stderr, flush=True)
     app, cluster = build_app(config, cfg, args.served_model_name, drain_s=args.drain_timeout, limits=limits_from_args(args),
                              request_timeout=args.request_timeout, api_key=args.resolved_api_key,
-                             web_ui=not args.no_web_ui)
+                             web_ui=not args.no_web_ui, **app_kwargs(args))
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:

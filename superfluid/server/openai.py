@@ -3,8 +3,10 @@
 Each generating endpoint: parse (pydantic) -> translate and validate (ParamError -> 400)
 -> tokenize -> submit every prompt (QueueFull -> 429, an invalid grammar -> 400, all
 before a byte of the response goes out: serving.py) -> collect or stream the deltas
-(responder.py). A client that disconnects aborts its requests: a streamed response's
-generator is closed, a whole response watches ``is_disconnected``.
+(responder.py). Every stream is recorded and resumable (stream_hub.py): a client that
+disconnects aborts its requests once no reader came back within the grace window (a stored
+Responses stream runs on); a whole response watches ``is_disconnected``. ``/v1/responses``
+(responses/) stores its responses (``store``: a state directory's SQLite, else memory).
 """
 
 from __future__ import annotations
@@ -17,15 +19,20 @@ from .. import web
 from ..engine.async_engine import AsyncEngine
 from . import chat, completions, status_routes, tokenize_routes
 from .auth import ApiKey
+from .responses import routes as responses_routes
+from .responses.store import StoreConfig
 from .errors import install_error_handlers
 from .limits import BodyLimit, Limits, prompt_char_cap
 from .metrics import Metrics
 from .serving import Serving
+from .stream_hub import StreamHub
+from .stream_log import StreamConfig
 
 
 def create_app(
     engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
     limits: Limits = Limits(), request_timeout: float = 0.0, api_key: str | None = None, web_ui: bool = True,
+    streams: StreamConfig = StreamConfig(), store: StoreConfig = StoreConfig(),
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -42,7 +49,7 @@ def create_app(
     if api_key:  # added last: it runs first, so a request without the key costs no body read
         app.add_middleware(ApiKey, key=api_key)
     serving = Serving(engine, name, metrics, prompt_char_cap(limits, core.desc.max_seq_len), request_timeout,
-                      limits.stream_idle_s)
+                      StreamHub(streams, idle_s=limits.stream_idle_s))
     engine.start()  # also without a lifespan (TestClient used without `with`)
 
     status_routes.install(app, serving)
@@ -52,6 +59,7 @@ def create_app(
     chat.install(app, serving)
     if web_ui:  # the chat page at / (superfluid/web/): static files over the API above
         web.install(app)
+    responses_routes.install(app, serving, responses_routes.open_store(store, metrics.registry))
     return app
 
 

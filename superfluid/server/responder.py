@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterable, Protocol
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
 
 from ..engine.async_engine import RequestStream
 from ..engine.outputs import Delta
@@ -27,7 +25,6 @@ from .errors import APIError
 from .render import Choice, Usage, error_event, sse
 
 DISCONNECT_POLL_S = 0.25
-log = logging.getLogger("superfluid.server")
 
 
 @dataclass(frozen=True)
@@ -157,40 +154,9 @@ def _raise_failed(c: Choice, seconds: float | None) -> None:
 # ------------------------------------------------------------------ streamed
 
 
-def streamed(reply: Reply, shape: Shape, include_usage: bool, idle_s: float = 60.0) -> StreamingResponse:
-    return IdleBoundedStream(events(reply, shape, include_usage), idle_s, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache"})
-
-
-class IdleBoundedStream(StreamingResponse):
-    """A stream that cuts off a client that stops reading: a chunk the transport cannot
-    take within ``idle_s`` (its buffers are full because nobody reads) ends the response,
-    closes the connection and, by closing the event generator, aborts the request, so its
-    lane is freed while every other stream goes on."""
-
-    def __init__(self, content, idle_s: float, **kw):
-        super().__init__(content, **kw)
-        self.idle_s = idle_s
-
-    async def stream_response(self, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        try:
-            async for chunk in self.body_iterator:
-                if not isinstance(chunk, (bytes, memoryview)):
-                    chunk = chunk.encode(self.charset)
-                try:
-                    await asyncio.wait_for(send({"type": "http.response.body", "body": chunk, "more_body": True}),
-                                           self.idle_s)
-                except asyncio.TimeoutError:
-                    log.warning("a streaming client read nothing for %g s: cut off, its request aborted", self.idle_s)
-                    return  # uvicorn closes a connection whose response did not complete
-        finally:
-            await self.body_iterator.aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
 async def events(reply: Reply, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
-    """The SSE events of one response; closing it (a client that left) aborts the streams."""
+    """The SSE events of one response (stream_hub.py records and serves them); closing it
+    (no client came back) aborts the streams."""
     usage = Usage()
     head = reply.head(shape.chunk_object)
 

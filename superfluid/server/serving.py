@@ -3,6 +3,8 @@ the steps around a response — check, validate, submit every prompt, answer.
 
 Every check and every submission happens before a byte of the response goes out, so a
 bad request, a full queue or an invalid grammar is an error status, never a broken stream.
+A stream is recorded and served from its record (stream_hub.py): a request that names an
+event with ``Last-Event-ID`` gets the rest of that stream instead of a new generation.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from fastapi import Request
@@ -20,7 +22,8 @@ from ..engine.params import ParamError, SamplingParams
 from .deadline import deadline_s
 from .errors import APIError
 from .metrics import Metrics
-from .responder import Reply, Shape, streamed, whole
+from .responder import Reply, Shape, events, whole
+from .stream_hub import StreamHub
 
 
 @contextlib.contextmanager
@@ -44,7 +47,7 @@ class Serving:
     metrics: Metrics
     max_chars: int  # a prompt's character cap, checked before any tokenizer work
     request_timeout: float  # the server's deadline cap; 0: none
-    stream_idle_s: float = 60.0  # a streaming client that reads nothing this long is cut off
+    streams: StreamHub = field(default_factory=StreamHub)  # every stream, resumable
 
     @property
     def core(self):
@@ -91,11 +94,14 @@ class Serving:
     async def answer(self, request: Request, body, prefix: str, prompts: list[list[int]], params: SamplingParams,
                      shape: Shape):
         """Submit the prompts, then stream the response or answer it whole, as the body asks."""
+        resumed = self.streams.resume(request) if body.stream else None
+        if resumed is not None:
+            return resumed
         rid = f"{prefix}-{uuid.uuid4().hex}"
         created = int(time.time())
         streams = await self.submit(rid, prompts, params, body.prompt_cache_key)
         reply = Reply(rid, created, self.name, streams, params.n, deadline_s(body.timeout, self.request_timeout))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return streamed(reply, shape, include_usage, self.stream_idle_s)
+            return self.streams.record(rid, request.url.path, events(reply, shape, include_usage), keep_running=False)
         return await whole(request, reply, shape)
