@@ -226,6 +226,20 @@ def _sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
 
 
+def _exposure_args(s: argparse.ArgumentParser) -> None:
+    """What bounds a server's exposure and its slow clients (server/http_config.py, auth.py)."""
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SUPERFLUID_API_KEY; none: open)")
+    s.add_argument("--stream-idle-timeout", type=float, default=60.0, metavar="S",
+                   help="a streaming client that reads nothing for this long is cut off and its request aborted")
+    s.add_argument("--limit-concurrency", type=int, default=2048,
+                   help="open connections (or running requests) past which a new request gets 503")
+    s.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="a connection whose request headers are not complete this long after it opened is closed")
+    s.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
+                   help="a request body not received in full within this many seconds gets 408")
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="superfluid", description="An LLM inference engine and OpenAI-compatible server.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -243,16 +257,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a request still running after this many seconds ends with an error (0: no deadline; "
                         "a request may ask for less with its `timeout` field)")
     s.add_argument("--max-request-tokens", type=int, default=1 << 17, help="the most n x max_tokens a request may ask for")
-    s.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SUPERFLUID_API_KEY; none: open)")
-    s.add_argument("--stream-idle-timeout", type=float, default=60.0, metavar="S",
-                   help="a streaming client that reads nothing for this long is cut off and its request aborted")
-    s.add_argument("--limit-concurrency", type=int, default=2048,
-                   help="open connections (or running requests) past which a new request gets 503")
-    s.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
-                   help="a connection whose request headers are not complete this long after it opened is closed")
-    s.add_argument("--body-timeout", type=float, default=30.0, metavar="S",
-                   help="a request body not received in full within this many seconds gets 408")
+    _exposure_args(s)
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")

@@ -146,8 +146,9 @@ def _metric(base: str, name: str) -> float:
 
 
 def test_a_reader_that_stops_is_cut_off_and_the_others_finish():
-    s = Server("--stream-idle-timeout", "2", "--runtime-arg", "max_seq_len=70000", "--runtime-arg", "n_cells=40000",
-               "--max-request-tokens", "100000")
+    # --stream-grace 1: a cut-off reader's request waits 1 s for it to resume (stream_hub.py), then is aborted
+    s = Server("--stream-idle-timeout", "2", "--stream-grace", "1", "--runtime-arg", "max_seq_len=70000",
+               "--runtime-arg", "n_cells=70000", "--max-request-tokens", "100000")
     try:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -160,7 +161,9 @@ def test_a_reader_that_stops_is_cut_off_and_the_others_finish():
         t0 = time.monotonic()  # from here the client reads nothing
         others = asyncio.run(stream_texts(s.base, 4))  # meanwhile the rest stream at full rate
         assert all(others) and time.monotonic() - t0 < 30
-        time.sleep(4)  # past the idle timeout: the reader is cut off
+        deadline = time.monotonic() + 20  # past the idle timeout and the grace: the reader is cut off
+        while _metric(s.base, 'superfluid_requests_total{finish_reason="abort"}') < 1 and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert _metric(s.base, 'superfluid_requests_total{finish_reason="abort"}') == 1
         assert _metric(s.base, "superfluid_running_requests") == 0
         sock.settimeout(10)
