@@ -4,6 +4,7 @@ server: its own process, a supervised worker, signals, resident memory."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -29,6 +30,10 @@ class Server:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         exe = Path(sys.executable).with_name("superfluid")
+        self._state = None
+        if "--state-dir" not in args:  # stored responses: a directory of its own, not the user's
+            self._state = tempfile.mkdtemp(prefix="superfluid-state-")
+            args = (*args, "--state-dir", self._state)
         self.cmd = [str(exe), "serve", "--runtime", runtime, "--port", str(self.port), "--log-level", "warning", *args]
         self._log = tempfile.NamedTemporaryFile(prefix="superfluid-serve-", suffix=".log", delete=False)
         full_env = dict(os.environ)
@@ -79,6 +84,8 @@ class Server:
 
     def cleanup(self) -> None:
         self.stop()
+        if self._state is not None:
+            shutil.rmtree(self._state, ignore_errors=True)
         if os.environ.get("SUPERFLUID_KEEP_SERVER_LOG"):
             print(f"server log kept: {self._log.name}")
             return
