@@ -297,7 +297,9 @@ def test_an_expensive_schema_is_refused_within_its_budget_and_8_streams_do_not_s
         assert fine[0] == 200, fine
         gaps.sort()
         p99 = gaps[int(0.99 * (len(gaps) - 1))]
-        assert len(gaps) > 1000 and p99 < 1.0 and gaps[-1] < 1.0, (p99, gaps[-5:])
+        # p99 as the issue states it; the max too, loosely (a busy machine), since p99 over 8
+        # streams cannot see one stall a stream: compiling on the tick loop stalled 5-7 s
+        assert len(gaps) > 1000 and p99 < 1.0 and gaps[-1] < 2.5, (p99, gaps[-5:])
         assert s.health()["restarts"] == 0  # the worker was never killed over it
     finally:
         s.cleanup()

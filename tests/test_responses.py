@@ -291,15 +291,20 @@ def _text(events) -> str:
     return "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
-def _cut_after_10(client, **kw):
-    """A stream read for 10 events, then its connection closed: (id, the events read)."""
-    stream = client.responses.create(model=MODEL, input="a long story please", stream=True, **kw)
+def _read_then_close(stream, n: int = 10) -> list:
+    """The first ``n`` events of an openai client stream, then its connection closed."""
     got = []
     for e in stream:
         got.append(e)
-        if len(got) == 10:
+        if len(got) == n:
             break
     stream.close()
+    return got
+
+
+def _cut_after_10(client, **kw):
+    """A stream read for 10 events, then its connection closed: (id, the events read)."""
+    got = _read_then_close(client.responses.create(model=MODEL, input="a long story please", stream=True, **kw))
     return got[0].response.id, got
 
 
@@ -347,13 +352,7 @@ def test_a_chat_stream_resumes_within_the_grace_window(client):
     kw = dict(model=MODEL, messages=[{"role": "user", "content": "chat for a while"}], max_tokens=200,
               temperature=0.9, seed=4, extra_body={"ignore_eos": True})
     want = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw))
-    stream = client.chat.completions.create(stream=True, **kw)
-    got = []
-    for chunk in stream:
-        got.append(chunk)
-        if len(got) == 10:
-            break
-    stream.close()
+    got = _read_then_close(client.chat.completions.create(stream=True, **kw))
     time.sleep(0.5)
     rest = list(client.chat.completions.create(stream=True, **kw, extra_headers={"Last-Event-ID": f"{got[0].id}:9"}))
     assert rest[0].id == got[0].id

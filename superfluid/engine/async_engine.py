@@ -227,6 +227,7 @@ class AsyncEngine:
     def _settle_compiled(self) -> None:
         # Every turn, not only while a submission waits: a replaced worker compiles the
         # grammars of requests already running again (handles renewed), in the background.
+        # (The engine tracks which requests compile, so a turn with none costs nothing.)
         for rid, error in self.engine.poll_grammars():
             stream = self._compiling.pop(rid, None)
             if stream is None:

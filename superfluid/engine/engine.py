@@ -45,6 +45,7 @@ class Engine:
         self._load_strategy()
         self._groups: dict[str, list[Request]] = {}
         self._choices: dict[int, ChoiceState] = {}  # id(request) -> its text state
+        self._compiling: set[str] = set()  # request ids with a grammar compiling in the background
         self._out: list[Delta] = []
         self.on_delta: Callable[[Delta], None] | None = None  # set: deltas as they happen
 
@@ -144,6 +145,8 @@ class Engine:
                 req.handles.release()
             self._groups.pop(request_id, None)
             raise
+        if self.grammar_pending(request_id):
+            self._compiling.add(request_id)
         return reqs
 
     def grammar_pending(self, request_id: str) -> bool:
@@ -153,8 +156,10 @@ class Engine:
         """Requests whose background grammar compiles ended: (request id, None) once every
         choice's is ready, (request id, ParamError) when one failed, the request then
         ended with that error. One executor call for all that are pending."""
-        pending = [r for reqs in self._groups.values() for r in reqs if r.handles.grammar_pending]
+        self._compiling &= self._groups.keys()  # those that ended meanwhile (aborted) are not waited for
+        pending = [r for rid in self._compiling for r in self._groups[rid] if r.handles.grammar_pending]
         if not pending:
+            self._compiling.clear()
             return []
         try:
             states = self.ex.grammar_states([r.handles.grammar for r in pending])
@@ -176,6 +181,7 @@ class Engine:
                 settled.append((rid, failed[rid]))
             elif not self.grammar_pending(rid):
                 settled.append((rid, None))
+        self._compiling -= {rid for rid, _ in settled}
         return settled
 
     def _load_strategy(self) -> None:
@@ -191,6 +197,8 @@ class Engine:
         self._load_strategy()
         for req in self.scheduler.lanes_lost():
             req.handles.renew()
+            if req.handles.grammar_pending:  # compiled again, in the background, by the new worker
+                self._compiling.add(req.group_id)
 
     def check_worker(self) -> None:
         """Replace a worker that died while nothing ran (a tick would notice otherwise);

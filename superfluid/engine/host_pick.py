@@ -97,7 +97,7 @@ def pick(inp: PickInput) -> Picked:
     elif p.greedy:
         token = hs.argmax(row)
     else:
-        token = hs.sample(row, p.abi_params(row.shape[-1]), hs.uniform(inp.rng_base + position))
+        token = hs.sample(row, p.abi_params(), hs.uniform(inp.rng_base + position))
     if not 0 <= token < vocab:
         raise HostPickError(f"the sampler returned token id {token}, outside the vocabulary (0..{vocab - 1})")
     if masked is not None and masked[token]:

@@ -27,7 +27,7 @@ MAX_STOP_TOKEN_IDS = 64
 INT32_MAX = (1 << 31) - 1
 PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), INT32_MAX
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1  # vLLM's range; rng_base folds it to 64 bits
-MAX_TOP_K = INT32_MAX  # past the vocabulary it means "off" (abi_params clamps)
+MAX_TOP_K = INT32_MAX  # past the vocabulary it means "off" (every sampler treats k >= V so)
 MAX_TOKENS_CAP = INT32_MAX
 MAX_LOGIT_BIAS = 1024  # entries
 MAX_N_CAP = 1024  # the largest --max-n a server may set
@@ -165,10 +165,10 @@ class SamplingParams:
             return abi.Sampling.HOST
         return abi.Sampling.GREEDY if self.greedy else abi.Sampling.SAMPLE
 
-    def abi_params(self, vocab_size: int = MAX_TOP_K) -> abi.LaneParams:
+    def abi_params(self) -> abi.LaneParams:
         return abi.LaneParams(
             temperature=float(self.temperature),
-            top_k=int(self.top_k) if self.top_k < vocab_size else 0,
+            top_k=int(self.top_k),
             top_p=float(self.top_p),
             min_p=float(self.min_p),
             repeat_penalty=float(self.repetition_penalty),

@@ -261,7 +261,7 @@ class Planner:
                 lane_tag=tag,
                 prompt=write_prompt(history),
                 sampling=p.abi_sampling(),
-                params=p.abi_params(self.desc.vocab_size),
+                params=p.abi_params(),
                 # The same base: the executor starts a lane's draw counter at its
                 # decode_replay, so a re-admitted lane draws where it left off.
                 rng_counter_base=req.rng_base,

@@ -15,6 +15,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
+from ..engine.params import MAX_N_CAP
 from .errors import error_body
 
 H11_MAX_HEADER_BYTES = 32 * 1024  # request line + headers; uvicorn answers 400 past it
@@ -31,6 +32,8 @@ class Limits:
 
 def limits_from_args(args) -> Limits:
     """The server's per-request bounds from ``superfluid serve``'s flags (one engine or a cluster)."""
+    if not 1 <= args.max_n <= MAX_N_CAP:
+        raise ValueError(f"--max-n must be in [1, {MAX_N_CAP}] (the request models' bound on n)")
     for flag in ("stream_idle_timeout", "header_timeout", "body_timeout"):
         if not getattr(args, flag) > 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be positive")

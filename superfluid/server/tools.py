@@ -129,11 +129,11 @@ def _check_parameters(i: int, params: dict | None) -> dict:
     param = f"tools.{i}.function.parameters"
     if params is None or params == {}:
         return dict(_NO_ARGS)
-    json_bounds.schema_text(params, param)  # depth and size, before xgrammar walks it
+    text = json_bounds.schema_text(params, param)  # depth and size, before xgrammar walks it
     if params.get("type", "object") != "object":
         raise ParamError(f"{param} must be a JSON schema of type 'object', got type {params.get('type')!r}", param)
     try:
-        xgr.Grammar.from_json_schema(json.dumps(params), any_whitespace=False)
+        xgr.Grammar.from_json_schema(text, any_whitespace=False)
     except (RuntimeError, ValueError, TypeError) as e:
         raise ParamError(f"{param} is not a JSON schema this server can follow: {_clean(str(e))}", param) from None
     return params
