@@ -3,9 +3,10 @@
 Both runtimes read the header before they size or loop over anything: the torch loader in
 Python, llama.cpp in C, where a crafted ``block_count`` is a GGML_ASSERT that aborts the
 whole process (measured: 2**32-1 layers). So every architecture's counts are checked here
-first, for any architecture name: a scalar count is a positive integer up to MAX_SIZE
-(layers up to llama.cpp's LLAMA_MAX_LAYERS); a per-layer array (OpenELM, DeciLM) holds one
-value per layer, each in [0, MAX_SIZE].
+first, for any architecture name: the layers and the embedding width are positive (layers
+up to llama.cpp's LLAMA_MAX_LAYERS, the width up to MAX_SIZE); every other count is in
+[0, MAX_SIZE] (a Mamba file declares 0 heads and 0 feed-forward), as a scalar or as a
+per-layer array (OpenELM, DeciLM) of at most MAX_LAYERS values.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .models import MAX_SIZE, ModelLoadError, check_size
 
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS; the deepest model published has 126
 
-_COUNTS = ("embedding_length", "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+_COUNTS = ("feed_forward_length", "attention.head_count", "attention.head_count_kv",
            "attention.key_length", "attention.value_length", "vocab_size", "expert_count",
            "expert_used_count", "expert_feed_forward_length", "attention.sliding_window")
 
@@ -31,19 +32,22 @@ def check_header(reader, path: Path) -> None:
     arch = _contents(f, "general.architecture", source)
     if not isinstance(arch, str):
         raise ModelLoadError(f"{source}: field general.architecture is not a string")
-    layers = reader.fields.get(f"{arch}.block_count")
-    if layers is not None:
-        check_size(f"{arch}.block_count", _contents(layers, f"{arch}.block_count", source), source, MAX_LAYERS)
+    for name, limit in (("block_count", MAX_LAYERS), ("embedding_length", MAX_SIZE)):
+        key = f"{arch}.{name}"
+        if key in reader.fields:
+            check_size(key, _contents(reader.fields[key], key, source), source, limit)
     for key in (f"{arch}.{k}" for k in _COUNTS):
         if key not in reader.fields:
             continue
         v = _contents(reader.fields[key], key, source)
-        if isinstance(v, list):
-            if len(v) > MAX_LAYERS or not all(isinstance(x, int) and 0 <= x <= MAX_SIZE for x in v):
-                raise ModelLoadError(f"{source}: field {key} must list at most {MAX_LAYERS} integers "
-                                     f"in [0, {MAX_SIZE}]")
-        else:
-            check_size(key, v, source)
+        values = v if isinstance(v, list) else [v]
+        if len(values) > MAX_LAYERS or not all(_count(x) for x in values):
+            raise ModelLoadError(f"{source}: field {key} must be an integer in [0, {MAX_SIZE}] "
+                                 f"(or a list of at most {MAX_LAYERS}), got {str(v)[:80]}")
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_SIZE
 
 
 def _contents(field, key: str, source: str):

@@ -193,12 +193,12 @@ def test_a_crafted_header_count_is_refused_at_once_naming_the_field(tiny, tmp_pa
     path = tmp_path / "crafted.gguf"
     path.write_bytes(_set_u32(tiny, key, value))
     t0 = time.monotonic()
-    with time_limit(LOAD_S), pytest.raises(ModelLoadError, match=rf"crafted\.gguf: field {key} must be a positive"):
+    with time_limit(LOAD_S), pytest.raises(ModelLoadError, match=rf"crafted\.gguf: field {key} must be"):
         TorchRuntime(path, quant="none", dtype="float32", kv_cache_mb=1)
     assert time.monotonic() - t0 < 5
 
 
-@pytest.mark.parametrize("key,value", [("llama.block_count", 2**32 - 1), ("llama.embedding_length", 2**32 - 1)])
+@pytest.mark.parametrize("key,value", [("llama.block_count", 2**32 - 1), ("llama.feed_forward_length", 2**31)])
 def test_the_llamacpp_runtime_refuses_a_crafted_count_instead_of_aborting(tiny, tmp_path, key, value):
     """llama.cpp meets 2**32-1 layers with a GGML_ASSERT that aborts the process (the worker,
     in a server). The header is checked first. In a child process, so that a regression is a
@@ -213,4 +213,4 @@ def test_the_llamacpp_runtime_refuses_a_crafted_count_instead_of_aborting(tiny, 
             f"try:\n    load_runtime({str(path)!r})\nexcept ModelLoadError as e:\n    print('REFUSED', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"REFUSED {path}: field {key} must be a positive integer" in out.stdout
+    assert f"REFUSED {path}: field {key} must be" in out.stdout
