@@ -314,3 +314,33 @@ def test_quant_refusals(tiny, monkeypatch):
     monkeypatch.setattr(kernels, "_error", "no compiler here")
     with pytest.raises(ValueError, match="no compiler here"):
         TorchRuntime(tiny, kv_cache_mb=4, quant="q8_0")
+
+
+def test_a_failed_allocation_is_an_error_not_garbage():
+    """Issue 23: under an address-space limit the scratch malloc fails. Before, attention's
+    parts returned without writing (the output was whatever torch.empty held, and the call
+    answered 0); now each kernel answers MemoryError. In a child process: the limit is its own."""
+    import subprocess
+    import sys
+
+    script = """
+import resource, torch
+from superfluid.runtimes.torch import kernels as K
+K.native()
+L = 1 << 23                                            # 32 MiB of scores for one part
+q, kc = torch.randn(1, 1, 64), torch.randn(4, 1, 64)
+gather, first, lens = torch.zeros(1, L, dtype=torch.int64), torch.tensor([0]), torch.tensor([L])
+x, m = torch.randn(4096, 1024), K.QMat(torch.randn(64, 1024), "q8_0")   # 4 MiB of int8 activations
+vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (2 << 20), resource.RLIM_INFINITY))
+for name, call in (("attend", lambda: K.attend_decode(q, kc, kc, gather, first, lens, check_cells=False)),
+                   ("gemv", lambda: K.gemv(x, m, torch.zeros(4096, 64)))):
+    try:
+        call()
+        print(name, "RETURNED")
+    except MemoryError as e:
+        print(name, "MemoryError", e)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "attend MemoryError" in out.stdout and "gemv MemoryError" in out.stdout, out.stdout

@@ -470,6 +470,7 @@ typedef struct {
     const int64_t *gather, *first, *lens;
     float *out, scale;
     int B, H, Hkv, d, L;
+    float *scratch; /* [parts, L]: each part's scores, allocated by the caller */
 } attn_task;
 
 static inline float dotf(const float *a, const float *b, int d) {
@@ -586,8 +587,7 @@ static void attn_part(void *p, int part, int parts) {
     const attn_task *t = p;
     int group = t->H / t->Hkv, items = t->B * t->Hkv, lo, hi;
     split(items, part, parts, 1, &lo, &hi);
-    float *s = malloc(sizeof(float) * (size_t)t->L);
-    if (!s) return;
+    float *s = t->scratch + (size_t)part * t->L;
     for (int it = lo; it < hi; it++) {
         int b = it / t->Hkv, kh = it % t->Hkv, f = (int)t->first[b], L = (int)t->lens[b] - f;
         const int64_t *g = t->gather + (size_t)b * t->L + f;
@@ -601,19 +601,25 @@ static void attn_part(void *p, int part, int parts) {
             weighted_values(s, t->vc, g, L, t->Hkv, kh, t->d, o);
         }
     }
-    free(s);
 }
 
 /* q [B, H, d]; kc, vc [S, Hkv, d]; gather [B, L] cells: row b attends to its entries
  * first[b] .. lens[b] - 1 (a sliding window starts past 0); out [B, H, d]. Query head h reads
- * kv head h / (H / Hkv). */
+ * kv head h / (H / Hkv). Returns 0; -1 on bad arguments, -2 when the scores' scratch cannot be
+ * allocated (nothing is written then: the scratch is taken before any part runs, so a
+ * failed allocation is an error, never a row of uninitialised output). */
 int sf_attend_decode(const float *q, const float *kc, const float *vc, const int64_t *gather, const int64_t *first,
                      const int64_t *lens, int B, int H, int Hkv, int d, int L, float scale, float *out) {
     if (H % Hkv) return -1;
     for (int b = 0; b < B; b++)
         if (first[b] < 0 || lens[b] <= first[b] || lens[b] > L) return -1;
-    attn_task t = {q, kc, vc, gather, first, lens, out, scale, B, H, Hkv, d, L};
-    run(attn_part, &t, (size_t)B * L * H * d < 32768 ? 1 : n_parts((size_t)B * Hkv, 1));
+    int parts = (size_t)B * L * H * d < 32768 ? 1 : n_parts((size_t)B * Hkv, 1);
+    if (parts > 0xffff) parts = 0xffff; /* run's own cap */
+    float *scratch = malloc(sizeof(float) * (size_t)parts * (size_t)L);
+    if (!scratch) return -2;
+    attn_task t = {q, kc, vc, gather, first, lens, out, scale, B, H, Hkv, d, L, scratch};
+    run(attn_part, &t, parts);
+    free(scratch);
     return 0;
 }
 
@@ -716,19 +722,21 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
     float *h = buf, *qkv = h + (size_t)T * D, *q = qkv + (size_t)T * W, *a = q + (size_t)T * H * d,
           *gu = a + (size_t)T * H * d, *act = gu + (size_t)T * 2 * F;
     int rc = 0;
-    for (int li = 0; li < m->n_layers && !rc; li++) {
+#define STEP(call) if ((rc = (call))) break /* the first failure ends the step with its code */
+    for (int li = 0; li < m->n_layers; li++) {
         const sf_layer *ly = &m->layers[li];
         sf_rms_norm(x, ly->attn_norm, h, T, D, m->eps);                                    /* norm */
-        rc |= qgemv(m, &ly->wqkv, h, qkv, T, 0);                                            /* qkv */
+        STEP(qgemv(m, &ly->wqkv, h, qkv, T, 0));                                            /* qkv */
         if (ly->bqkv) add_bias(qkv, ly->bqkv, T, W);                                        /* + bias */
         sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);       /* rope, kv store */
-        rc |= sf_attend_decode(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a); /* attend */
-        rc |= qgemv(m, &ly->wo, a, x, T, 1);                                                /* o + residual */
+        STEP(sf_attend_decode(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a)); /* attend */
+        STEP(qgemv(m, &ly->wo, a, x, T, 1));                                                /* o + residual */
         sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);                                      /* norm */
-        rc |= qgemv(m, &ly->wgu, h, gu, T, 0);                                              /* gate/up */
+        STEP(qgemv(m, &ly->wgu, h, gu, T, 0));                                              /* gate/up */
         sf_silu_mul(gu, T, F, act);                                                         /* gating */
-        rc |= qgemv(m, &ly->wdown, act, x, T, 1);                                           /* down + residual */
+        STEP(qgemv(m, &ly->wdown, act, x, T, 1));                                           /* down + residual */
     }
+#undef STEP
     if (!rc) sf_rms_norm(x, m->norm, out, T, D, m->eps);
     free(buf);
     return rc;

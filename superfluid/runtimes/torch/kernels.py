@@ -115,6 +115,15 @@ def _sync_threads(lib: ctypes.CDLL) -> None:
         _threads = lib.sf_set_threads(n)
 
 
+def _check(rc: int, what: str, bad_args: str = "bad arguments") -> None:
+    """A kernel's return code as an exception: -1 bad arguments (checked before anything is
+    written), -2 an allocation failed (MemoryError: the step fails, its output is never used)."""
+    if rc == -2:
+        raise MemoryError(f"{what}: the native kernel could not allocate its scratch memory")
+    if rc:
+        raise ValueError(f"{what}: {bad_args} ({rc})")
+
+
 def _f32(t: torch.Tensor, name: str) -> None:
     if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError(f"{name}: contiguous float32 CPU tensor expected, got {t.dtype} on {t.device}")
@@ -219,8 +228,7 @@ def gemv(x: torch.Tensor, m: QMat, out: torch.Tensor | None = None, accumulate: 
     else:
         rc = lib.sf_gemv_q4_1(m.q.data_ptr(), m.d.data_ptr(), m.mn.data_ptr(), x.data_ptr(), out.data_ptr(), M, m.N,
                               m.K, int(accumulate))
-    if rc:
-        raise RuntimeError(f"sf_gemv_{m.kind} failed ({rc})")
+    _check(rc, f"sf_gemv_{m.kind}")
     return out
 
 
@@ -245,9 +253,9 @@ def attend_decode(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather: t
     if check_cells and B and (int(gather.min()) < 0 or int(gather.max()) >= S):
         raise ValueError("attend_decode: cell index out of range")
     out = torch.empty_like(q)
-    if lib.sf_attend_decode(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), gather.data_ptr(), first.data_ptr(),
-                            lens.data_ptr(), B, H, Hkv, d, L, d ** -0.5, out.data_ptr()):
-        raise ValueError("attend_decode: need 0 <= first < lens <= L for every row")
+    rc = lib.sf_attend_decode(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), gather.data_ptr(), first.data_ptr(),
+                              lens.data_ptr(), B, H, Hkv, d, L, d ** -0.5, out.data_ptr())
+    _check(rc, "attend_decode", "need 0 <= first < lens <= L for every row")
     return out
 
 
@@ -383,6 +391,5 @@ class Decoder:
         _sync_threads(self.lib)
         rc = self.lib.sf_decode(ctypes.byref(self.model), x.data_ptr(), T, positions.data_ptr(), slots.data_ptr(),
                                 gather.data_ptr(), gather.shape[1], first.data_ptr(), lens.data_ptr(), out.data_ptr())
-        if rc:
-            raise RuntimeError(f"sf_decode failed ({rc})")
+        _check(rc, "sf_decode")
         return out
