@@ -149,6 +149,27 @@ def test_attend_decode_matches_reference(H, Hkv, d):
     assert torch.allclose(out, reference_attend(q, kc, vc, gather, first, lens), atol=2e-6)
 
 
+@pytest.mark.parametrize("H,Hkv,d", [(9, 3, 64), (8, 1, 32), (4, 4, 20), (128, 1, 16)])
+def test_tiled_rows_equal_rows_attended_alone(H, Hkv, d):
+    """Issue 31: rows over one sequence's keys (a prefill chunk, a draft) walk the keys as a
+    tile; each row must come out bit-identical to itself attended alone, whatever shares its
+    tile: a chunk of causal rows, a second sequence after it, a sliding window, a short tail."""
+    g = torch.Generator().manual_seed(H + d)
+    S, L = 900, 700
+    q = torch.randn(150, H, d, generator=g)
+    kc, vc = torch.randn(S, Hkv, d, generator=g), torch.randn(S, Hkv, d, generator=g)
+    seq_a, seq_b = torch.randperm(S, generator=g)[:L], torch.randperm(S, generator=g)[:L]
+    lens = torch.cat([torch.arange(560, 660), torch.arange(3, 43), torch.arange(690, 700)])  # 100 + 40 + 10 rows
+    gather = torch.cat([seq_a.expand(100, L), seq_b.expand(40, L), seq_a.expand(10, L)]).contiguous()
+    first = torch.cat([torch.zeros(140, dtype=torch.int64), torch.full((10,), 600)])  # the last ten: a window
+    together = kernels.attend_decode(q, kc, vc, gather, first, lens)
+    for b in range(0, 150, 7):
+        alone = kernels.attend_decode(q[b:b + 1].contiguous(), kc, vc, gather[b:b + 1].contiguous(), first[b:b + 1],
+                                      lens[b:b + 1])
+        assert torch.equal(together[b:b + 1], alone), b
+    assert torch.allclose(together, reference_attend(q, kc, vc, gather, first, lens), atol=3e-6)
+
+
 def test_attend_decode_rejects_bad_spans():
     q, kc = torch.randn(1, 4, 16), torch.randn(10, 2, 16)
     gather = torch.zeros(1, 5, dtype=torch.int64)

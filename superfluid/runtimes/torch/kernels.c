@@ -463,15 +463,32 @@ int sf_gemv_q4_1(const uint8_t *qs, const uint16_t *wd, const uint16_t *wm, cons
     return gemv(1, qs, wd, wm, x, y, M, N, K, accumulate);
 }
 
-/* ------------------------------------------------------------------- attention */
+/* ------------------------------------------------------------------- attention
+ *
+ * Each query vector attends over its own span of keys in two passes, in a fixed order that
+ * depends on its span length alone: scores in groups of eight keys counted from the span's
+ * start (a transposed sum), the tail one key at a time; the softmax (exp_shifted); then the
+ * values summed in key order into one FMA chain per output lane. So a query's output cannot
+ * depend on what shares its step.
+ *
+ * Tiles (why the order is written out per query). A prefill chunk or a draft verification
+ * has many rows over one sequence's keys; attending row by row re-read every key once per
+ * query (at 4,096 tokens, ~9 GB of key and value reads per layer for a 512-row chunk: the
+ * superlinear prefill cost). Consecutive rows whose gathered cells agree over their spans
+ * form a tile, and a tile's queries (its rows x the heads sharing one kv head) walk the keys
+ * together: each group of eight keys, each block of values, is loaded once for all of them.
+ * Every query still runs exactly its own sequence of operations (the value accumulators are
+ * kept in the output between blocks, which does not change a float), so a tile's rows are
+ * bit-identical to the same rows attended one at a time (tests/test_native_kernels.py). */
+
+#define MAXQ 64   /* query vectors walking the keys together: their scores fit a part's scratch */
+#define VBLOCK 64 /* values per block: 16 KiB at d = 64, in L1 while every query of the tile adds them */
 
 typedef struct {
-    const float *q, *kc, *vc;
-    const int64_t *gather, *first, *lens;
-    float *out, scale;
-    int B, H, Hkv, d, L;
-    float *scratch; /* [parts, L]: each part's scores, allocated by the caller */
-} attn_task;
+    const float *q;
+    float *s, *o; /* s: scores then weights [L]; o: output [d] */
+    int L;        /* the span's length */
+} attn_query;
 
 static inline float dotf(const float *a, const float *b, int d) {
 #if SF_AVX2
@@ -496,53 +513,66 @@ static inline __m256 hsum8x8(const __m256 *a) {
 }
 #endif
 
-/* s[l] = scale * q . k(g[l]) for l < L, k(c) = kc + (c * Hkv + kh) * d. Eight keys at a time
- * on AVX2 (eight independent FMA chains, one transposed sum); which keys go together depends
- * on L alone, so a query's scores do not depend on what else is in the step. */
-static void scores(const float *q, const float *kc, const int64_t *g, int L, int Hkv, int kh, int d, float scale,
-                   float *s) {
-    int l = 0;
+/* Scores of queries qs[0, n) over the keys g[0, L) they share (each its own L): a group of
+ * eight keys is loaded once for every query whose span holds all eight. */
+static void tile_scores(attn_query *qs, int n, const float *kc, const int64_t *g, int Hkv, int kh, int d,
+                        float scale) {
+    int Lmax = 0, grouped = 0;
+    for (int r = 0; r < n; r++) Lmax = qs[r].L > Lmax ? qs[r].L : Lmax;
 #if SF_AVX2
     if ((d & 7) == 0) {
-        for (; l + 8 <= L; l += 8) {
-            __m256 acc[8];
+        grouped = 1;
+        for (int l = 0; l + 8 <= Lmax; l += 8) {
             const float *k[8];
-            for (int i = 0; i < 8; i++) {
-                acc[i] = _mm256_setzero_ps();
-                k[i] = kc + ((size_t)g[l + i] * Hkv + kh) * d;
+            for (int i = 0; i < 8; i++) k[i] = kc + ((size_t)g[l + i] * Hkv + kh) * d;
+            for (int r = 0; r < n; r++) {
+                if (qs[r].L < l + 8) continue;
+                __m256 acc[8];
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+                for (int c = 0; c < d; c += 8) {
+                    __m256 qv = _mm256_loadu_ps(qs[r].q + c);
+                    for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + c), acc[i]);
+                }
+                _mm256_storeu_ps(qs[r].s + l, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
             }
-            for (int c = 0; c < d; c += 8) {
-                __m256 qv = _mm256_loadu_ps(q + c);
-                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i] + c), acc[i]);
-            }
-            _mm256_storeu_ps(s + l, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
         }
     }
 #endif
-    for (; l < L; l++) s[l] = dotf(q, kc + ((size_t)g[l] * Hkv + kh) * d, d) * scale;
+    for (int r = 0; r < n; r++)
+        for (int l = grouped ? qs[r].L / 8 * 8 : 0; l < qs[r].L; l++)
+            qs[r].s[l] = dotf(qs[r].q, kc + ((size_t)g[l] * Hkv + kh) * d, d) * scale;
 }
 
-/* o = sum_l w[l] v(g[l]): the output in registers, 64 values at a time, keys in order. */
-static void weighted_values(const float *w, const float *vc, const int64_t *g, int L, int Hkv, int kh, int d,
-                            float *o) {
-    int c0 = 0;
-#if SF_AVX2
-    for (; c0 + 64 <= d; c0 += 64) {
-        __m256 acc[8];
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-        for (int l = 0; l < L; l++) {
-            const float *v = vc + ((size_t)g[l] * Hkv + kh) * d + c0;
-            __m256 wl = _mm256_set1_ps(w[l]);
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(v + 8 * i), acc[i]);
-        }
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + c0 + 8 * i, acc[i]);
+/* o = sum_l w[l] v(g[l]) for every query, keys in order: a block of values is loaded once
+ * for every query whose span reaches it; each query's accumulators live in its output between
+ * blocks (64 lanes in registers within one). */
+static void tile_values(attn_query *qs, int n, const float *vc, const int64_t *g, int Hkv, int kh, int d) {
+    int Lmax = 0;
+    for (int r = 0; r < n; r++) {
+        Lmax = qs[r].L > Lmax ? qs[r].L : Lmax;
+        memset(qs[r].o, 0, sizeof(float) * (size_t)d);
     }
+    for (int l0 = 0; l0 < Lmax; l0 += VBLOCK) {
+        for (int r = 0; r < n; r++) {
+            const float *w = qs[r].s;
+            float *o = qs[r].o;
+            int l1 = l0 + VBLOCK < qs[r].L ? l0 + VBLOCK : qs[r].L, c0 = 0;
+#if SF_AVX2
+            for (; c0 + 64 <= d; c0 += 64) {
+                __m256 acc[8];
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_loadu_ps(o + c0 + 8 * i);
+                for (int l = l0; l < l1; l++) {
+                    const float *v = vc + ((size_t)g[l] * Hkv + kh) * d + c0;
+                    __m256 wl = _mm256_set1_ps(w[l]);
+                    for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(v + 8 * i), acc[i]);
+                }
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + c0 + 8 * i, acc[i]);
+            }
 #endif
-    if (c0 < d) {
-        memset(o + c0, 0, sizeof(float) * (size_t)(d - c0));
-        for (int l = 0; l < L; l++) {
-            const float *v = vc + ((size_t)g[l] * Hkv + kh) * d;
-            for (int c = c0; c < d; c++) o[c] += w[l] * v[c];
+            for (int l = l0; l < l1 && c0 < d; l++) {
+                const float *v = vc + ((size_t)g[l] * Hkv + kh) * d;
+                for (int c = c0; c < d; c++) o[c] += w[l] * v[c];
+            }
         }
     }
 }
@@ -583,44 +613,112 @@ static float exp_shifted(float *s, int n, float mx) {
     return sum;
 }
 
-static void attn_part(void *p, int part, int parts) {
-    const attn_task *t = p;
-    int group = t->H / t->Hkv, items = t->B * t->Hkv, lo, hi;
-    split(items, part, parts, 1, &lo, &hi);
-    float *s = t->scratch + (size_t)part * t->L;
-    for (int it = lo; it < hi; it++) {
-        int b = it / t->Hkv, kh = it % t->Hkv, f = (int)t->first[b], L = (int)t->lens[b] - f;
-        const int64_t *g = t->gather + (size_t)b * t->L + f;
-        for (int j = 0; j < group; j++) {
-            const float *q = t->q + ((size_t)b * t->H + (size_t)kh * group + j) * t->d;
-            float *o = t->out + ((size_t)b * t->H + (size_t)kh * group + j) * t->d, mx = -INFINITY;
-            scores(q, t->kc, g, L, t->Hkv, kh, t->d, t->scale, s);
-            for (int l = 0; l < L; l++) mx = s[l] > mx ? s[l] : mx;
-            float inv = 1.f / exp_shifted(s, L, mx);
-            for (int l = 0; l < L; l++) s[l] *= inv;
-            weighted_values(s, t->vc, g, L, t->Hkv, kh, t->d, o);
+/* Rows [start[i], start[i + 1]) form tile i: at most `rows` consecutive rows with the same
+ * first and, over each row's span, the cells of the tile's longest row (every span is then a
+ * prefix of the longest's: a prefill chunk's or a draft's rows). Returns the tile count. */
+static int plan_tiles(const int64_t *gather, const int64_t *first, const int64_t *lens, int B, int L, int rows,
+                      int *start) {
+    int n = 0;
+    for (int b = 0; b < B;) {
+        int longest = b, e = b + 1;
+        for (; e < B && e - b < rows && first[e] == first[b]; e++) {
+            int64_t f = first[b], m = lens[e] < lens[longest] ? lens[e] : lens[longest];
+            if (memcmp(gather + (size_t)e * L + f, gather + (size_t)longest * L + f, sizeof(int64_t) * (size_t)(m - f)))
+                break;
+            if (lens[e] > lens[longest]) longest = e;
         }
+        start[n] = b;
+        start[B + 1 + n++] = longest; /* the tile's longest row, after the starts */
+        b = e;
+    }
+    start[n] = B;
+    return n;
+}
+
+typedef struct {
+    const float *q, *kc, *vc;
+    const int64_t *gather, *first, *lens;
+    float *out, scale;
+    int B, H, Hkv, d, L;
+    const int *tiles; /* plan_tiles' starts [n_tiles + 1], then each tile's longest row at B + 1 */
+    int n_tiles, Lmax, maxq;
+    float *scratch; /* [parts, maxq, Lmax]: each part's scores */
+} attn_task;
+
+/* One tile's queries against one kv head, MAXQ query vectors at a time. */
+static void attend_tile(const attn_task *t, int tile, int kh, float *scratch) {
+    int group = t->H / t->Hkv, b0 = t->tiles[tile], b1 = t->tiles[tile + 1], longest = t->tiles[t->B + 1 + tile];
+    int f = (int)t->first[b0], nq = (b1 - b0) * group;
+    const int64_t *g = t->gather + (size_t)longest * t->L + f;
+    attn_query qs[MAXQ];
+    for (int q0 = 0; q0 < nq; q0 += t->maxq) {
+        int n = nq - q0 < t->maxq ? nq - q0 : t->maxq;
+        for (int r = 0; r < n; r++) {
+            int b = b0 + (q0 + r) / group, h = kh * group + (q0 + r) % group;
+            size_t at = ((size_t)b * t->H + h) * t->d;
+            qs[r] = (attn_query){t->q + at, scratch + (size_t)r * t->Lmax, t->out + at, (int)t->lens[b] - f};
+        }
+        tile_scores(qs, n, t->kc, g, t->Hkv, kh, t->d, t->scale);
+        for (int r = 0; r < n; r++) {
+            float *s = qs[r].s, mx = -INFINITY;
+            for (int l = 0; l < qs[r].L; l++) mx = s[l] > mx ? s[l] : mx;
+            float inv = 1.f / exp_shifted(s, qs[r].L, mx);
+            for (int l = 0; l < qs[r].L; l++) s[l] *= inv;
+        }
+        tile_values(qs, n, t->vc, g, t->Hkv, kh, t->d);
     }
 }
 
-/* q [B, H, d]; kc, vc [S, Hkv, d]; gather [B, L] cells: row b attends to its entries
- * first[b] .. lens[b] - 1 (a sliding window starts past 0); out [B, H, d]. Query head h reads
- * kv head h / (H / Hkv). Returns 0; -1 on bad arguments, -2 when the scores' scratch cannot be
- * allocated (nothing is written then: the scratch is taken before any part runs, so a
- * failed allocation is an error, never a row of uninitialised output). */
-int sf_attend_decode(const float *q, const float *kc, const float *vc, const int64_t *gather, const int64_t *first,
-                     const int64_t *lens, int B, int H, int Hkv, int d, int L, float scale, float *out) {
-    if (H % Hkv) return -1;
-    for (int b = 0; b < B; b++)
-        if (first[b] < 0 || lens[b] <= first[b] || lens[b] > L) return -1;
-    int parts = (size_t)B * L * H * d < 32768 ? 1 : n_parts((size_t)B * Hkv, 1);
+static void attn_part(void *p, int part, int parts) {
+    const attn_task *t = p;
+    int lo, hi;
+    split(t->n_tiles * t->Hkv, part, parts, 1, &lo, &hi);
+    for (int it = lo; it < hi; it++)
+        attend_tile(t, it / t->Hkv, it % t->Hkv, t->scratch + (size_t)part * t->maxq * t->Lmax);
+}
+
+/* Attention over a tile plan (see plan_tiles); 0, or -2 when the scratch cannot be had
+ * (taken before any part runs: nothing is written then). */
+static int attend_planned(const float *q, const float *kc, const float *vc, const int64_t *gather,
+                          const int64_t *first, const int64_t *lens, int B, int H, int Hkv, int d, int L, float scale,
+                          float *out, const int *tiles, int n_tiles) {
+    int Lmax = 1, rows = 1, group = H / Hkv;
+    for (int b = 0; b < B; b++) Lmax = lens[b] - first[b] > Lmax ? (int)(lens[b] - first[b]) : Lmax;
+    for (int i = 0; i < n_tiles; i++) rows = tiles[i + 1] - tiles[i] > rows ? tiles[i + 1] - tiles[i] : rows;
+    int maxq = rows * group < MAXQ ? rows * group : MAXQ; /* query vectors an item holds at once */
+    int parts = (size_t)B * Lmax * H * d < 32768 ? 1 : n_parts((size_t)n_tiles * Hkv, 1);
     if (parts > 0xffff) parts = 0xffff; /* run's own cap */
-    float *scratch = malloc(sizeof(float) * (size_t)parts * (size_t)L);
+    float *scratch = malloc(sizeof(float) * (size_t)parts * maxq * Lmax);
     if (!scratch) return -2;
-    attn_task t = {q, kc, vc, gather, first, lens, out, scale, B, H, Hkv, d, L, scratch};
+    attn_task t = {q, kc, vc, gather, first, lens, out, scale, B, H, Hkv, d, L, tiles, n_tiles, Lmax, maxq, scratch};
     run(attn_part, &t, parts);
     free(scratch);
     return 0;
+}
+
+static int check_spans(const int64_t *first, const int64_t *lens, int B, int L) {
+    for (int b = 0; b < B; b++)
+        if (first[b] < 0 || lens[b] <= first[b] || lens[b] > L) return -1;
+    return 0;
+}
+
+/* Rows per tile: enough that a tile's queries fill MAXQ (one row when a kv head serves MAXQ
+ * or more query heads). */
+static int tile_rows(int H, int Hkv) { return H / Hkv >= MAXQ ? 1 : MAXQ / (H / Hkv); }
+
+/* q [B, H, d]; kc, vc [S, Hkv, d]; gather [B, L] cells: row b attends to its entries
+ * first[b] .. lens[b] - 1 (a sliding window starts past 0); out [B, H, d]. Query head h reads
+ * kv head h / (H / Hkv). Returns 0; -1 on bad arguments, -2 when scratch memory cannot be
+ * allocated (nothing is written then, never a row of uninitialised output). */
+int sf_attend_decode(const float *q, const float *kc, const float *vc, const int64_t *gather, const int64_t *first,
+                     const int64_t *lens, int B, int H, int Hkv, int d, int L, float scale, float *out) {
+    if (H % Hkv || check_spans(first, lens, B, L)) return -1;
+    int *tiles = malloc(sizeof(int) * (2 * (size_t)B + 2));
+    if (!tiles) return -2;
+    int n = plan_tiles(gather, first, lens, B, L, tile_rows(H, Hkv), tiles);
+    int rc = attend_planned(q, kc, vc, gather, first, lens, B, H, Hkv, d, L, scale, out, tiles, n);
+    free(tiles);
+    return rc;
 }
 
 /* ------------------------------------------------------------------- RMS norm */
@@ -714,11 +812,16 @@ static void add_bias(float *qkv, const float *b, int T, int W) {
 int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int64_t *slots, const int64_t *gather,
               int L, const int64_t *first, const int64_t *lens, float *out) {
     int D = m->D, H = m->H, Hkv = m->Hkv, d = m->d, F = m->F, W = (H + 2 * Hkv) * d;
-    for (int t = 0; t < T; t++)
-        if (first[t] < 0 || lens[t] <= first[t] || lens[t] > L) return -1;
+    if (check_spans(first, lens, T, L)) return -1;
     size_t n = (size_t)T * ((size_t)D + W + 2 * (size_t)H * d + 3 * (size_t)F);
     float *buf = malloc(sizeof(float) * n);
-    if (!buf) return -2;
+    int *tiles = malloc(sizeof(int) * (2 * (size_t)T + 2));
+    if (!buf || !tiles) {
+        free(buf);
+        free(tiles);
+        return -2;
+    }
+    int n_tiles = plan_tiles(gather, first, lens, T, L, tile_rows(H, Hkv), tiles); /* every layer's, once */
     float *h = buf, *qkv = h + (size_t)T * D, *q = qkv + (size_t)T * W, *a = q + (size_t)T * H * d,
           *gu = a + (size_t)T * H * d, *act = gu + (size_t)T * 2 * F;
     int rc = 0;
@@ -729,7 +832,7 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
         STEP(qgemv(m, &ly->wqkv, h, qkv, T, 0));                                            /* qkv */
         if (ly->bqkv) add_bias(qkv, ly->bqkv, T, W);                                        /* + bias */
         sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);       /* rope, kv store */
-        STEP(sf_attend_decode(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a)); /* attend */
+        STEP(attend_planned(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a, tiles, n_tiles));
         STEP(qgemv(m, &ly->wo, a, x, T, 1));                                                /* o + residual */
         sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);                                      /* norm */
         STEP(qgemv(m, &ly->wgu, h, gu, T, 0));                                              /* gate/up */
@@ -738,6 +841,7 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
     }
 #undef STEP
     if (!rc) sf_rms_norm(x, m->norm, out, T, D, m->eps);
+    free(tiles);
     free(buf);
     return rc;
 }
