@@ -6,6 +6,11 @@
 #   benchmarks/build_llama_server.sh                 # latest llama-cpp-python sdist
 #   LLAMA_CPP_PYTHON_VERSION=0.3.36 benchmarks/build_llama_server.sh
 #   JOBS=4 NICE=0 benchmarks/build_llama_server.sh   # on a machine of your own
+#   NO_AMX=0 benchmarks/build_llama_server.sh        # keep AMX (default: off where the CPU has it)
+#
+# On this project's Xeon VMs llama.cpp's AMX repack segfaults for any batch of two or more
+# tokens, so where the CPU reports AMX the build leaves it out (-mno-amx-*) and keeps
+# repacking on: llama-server's fastest configuration that works there.
 #
 # Needs cmake, a C++17 compiler and pip (PyPI or a mirror). Takes ~10-30 min on 2 cores.
 set -euo pipefail
@@ -41,6 +46,9 @@ LLAMA="$SRC/vendor/llama.cpp"
 # Record which llama.cpp we measure against (the sdist name pins the vendored commit).
 basename "$TARBALL" > "$BUILD/llama-server.version"
 
+NO_AMX="${NO_AMX:-$(grep -q amx_int8 /proc/cpuinfo && echo 1 || echo 0)}"
+FLAGS=""
+if [[ "$NO_AMX" == 1 ]]; then FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; echo "== building without AMX"; fi
 echo "== configuring $LLAMA"
 # Static libs so build/llama-server runs on its own; no curl (no model downloads);
 # native CPU flags, as llama.cpp ships them to users building from source.
@@ -51,7 +59,8 @@ cmake -S "$LLAMA" -B "$LLAMA/build" \
   -DGGML_NATIVE=ON \
   -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_TESTS=OFF \
-  -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_BUILD_EXAMPLES=OFF \
+  -DCMAKE_C_FLAGS="$FLAGS" -DCMAKE_CXX_FLAGS="$FLAGS"
 
 echo "== building llama-server with -j $JOBS (nice $NICE)"
 nice -n "$NICE" cmake --build "$LLAMA/build" --config Release --target llama-server -j "$JOBS"

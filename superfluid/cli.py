@@ -12,8 +12,9 @@ from .models import DEFAULT_MODEL
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=f"a registered name, a .gguf file or a Hugging Face folder (default: {DEFAULT_MODEL})")
-    p.add_argument("--runtime", default="torch", choices=["torch", "toy", "llamacpp"],
-                   help="the model runtime (default: torch; llamacpp: any GGUF llama.cpp loads, via llama-cpp-python)")
+    p.add_argument("--runtime", default="auto", choices=["auto", "torch", "toy", "llamacpp"],
+                   help="the model runtime (default auto: torch where it runs the file's architecture and tensor "
+                        "types, else llamacpp: any GGUF llama.cpp loads, via llama-cpp-python)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the runtime's choice)")
     p.add_argument("--quant", default="auto", choices=["auto", "none", "q8_0", "q4_1"],
                    help="auto (default): a GGUF on CPU runs on the native kernel nearest its own tensor types "
@@ -65,9 +66,11 @@ def _config(args: argparse.Namespace, **extra) -> EngineConfig:
 
 
 def _build(config: EngineConfig):
-    from .engine.loader import build_engine
+    from .engine.loader import build_engine, resolve_runtime
 
-    print(f"superfluid: loading {config.model} on the {config.runtime} runtime ...", file=sys.stderr, flush=True)
+    config = resolve_runtime(config)
+    why = f" ({config.runtime_reason})" if config.runtime_reason else ""
+    print(f"superfluid: loading {config.model} on the {config.runtime} runtime{why} ...", file=sys.stderr, flush=True)
     return build_engine(config)
 
 

@@ -103,7 +103,7 @@ def test_bad_files(tiny_dir, tmp_path):
     with pytest.raises(ModelLoadError, match=r"shape.gguf.*blk\.0\.attn_v\.weight.*\[48, 64\]"):
         TorchRuntime(tmp_path / "shape.gguf", dtype="float32", quant="none")
     TinyModel(arch="gpt2").write_gguf(tmp_path / "arch.gguf")
-    with pytest.raises(ModelLoadError, match=r"arch.gguf.*unsupported architecture 'gpt2'"):
+    with pytest.raises(ModelLoadError, match=r"arch.gguf: the torch runtime does not run architecture 'gpt2'.*llamacpp"):
         TorchRuntime(tmp_path / "arch.gguf", dtype="float32", quant="none")
     with pytest.raises(ModelLoadError, match="unknown model"):
         resolve_model("no-such-model-anywhere")

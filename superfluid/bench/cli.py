@@ -59,7 +59,7 @@ def add_bench_subcommands(subparsers) -> None:
 
     o = subparsers.add_parser("offline", help="LLM.generate throughput vs transformers on the same weights")
     o.add_argument("--model", default="SmolLM2-135M-Instruct")
-    o.add_argument("--runtime", default="torch")
+    o.add_argument("--runtime", default="auto")
     o.add_argument("--dtype", default=None, help="superfluid's dtype (default: the runtime's)")
     o.add_argument("--hf-dtype", default="float32")
     o.add_argument("--num-prompts", type=int, default=16)

@@ -28,7 +28,7 @@ RESULT_KEYS = ("schema", "config", "started_at", "num_prompts", "prompt_tokens",
 @dataclass
 class OfflineConfig:
     model: str = "SmolLM2-135M-Instruct"
-    runtime: str = "torch"
+    runtime: str = "auto"
     dtype: str | None = None  # superfluid's; None: the runtime's default
     hf_dtype: str = "float32"
     num_prompts: int = 16

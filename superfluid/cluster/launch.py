@@ -44,7 +44,7 @@ def init_ray(cfg: ClusterConfig) -> None:
 
 
 def start_cluster(config: EngineConfig, cfg: ClusterConfig, max_queued: int = 256) -> ClusterEngine:
-    from ..engine.loader import _tokenizer_for, runtime_args
+    from ..engine.loader import _tokenizer_for, resolve_runtime, runtime_args
 
     if cfg.replicas < 1:
         raise ValueError(f"--replicas must be at least 1, got {cfg.replicas}")
@@ -52,7 +52,7 @@ def start_cluster(config: EngineConfig, cfg: ClusterConfig, max_queued: int = 25
     import ray
 
     # each replica serves its model in a supervised worker of its own
-    config = replace(config, worker=True, progress=False)
+    config = replace(resolve_runtime(config), worker=True, progress=False)  # one pick for every replica
     actor_cls = ray.remote(ReplicaActor)
     actors = [
         actor_cls.options(num_cpus=cfg.replica_cpus, num_gpus=cfg.replica_gpus, max_restarts=cfg.max_restarts,

@@ -34,7 +34,10 @@ class SchedulerConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = ""
-    runtime: str = "torch"  # "torch" | "toy" | "llamacpp"
+    # "auto": torch where it runs the file's architecture and types, else llamacpp
+    # (runtimes/auto.py; engine/loader.resolve_runtime names the pick and says why)
+    runtime: str = "auto"  # | "torch" | "toy" | "llamacpp"
+    runtime_reason: str = ""  # why this runtime (set when "auto" chose it)
     dtype: str | None = None
     # torch: "auto" (a GGUF on CPU decodes on the native kernel nearest its own tensor types),
     # "none" (the reference numerics, as transformers), "q8_0" | "q4_1" (runtimes/torch/quant_choice.py)

@@ -31,7 +31,7 @@ class LLM:
     def __init__(
         self,
         model: str | None = None,
-        runtime: str = "torch",
+        runtime: str = "auto",
         *,
         dtype: str | None = None,
         quant: str = "auto",

@@ -9,6 +9,7 @@ replayed (``Engine.recover``). Either way the runtime is built by name from
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..executor import Executor, ExecutorConfig
@@ -21,8 +22,20 @@ from .config import EngineConfig
 from .engine import Engine
 
 
+def resolve_runtime(config: EngineConfig) -> EngineConfig:
+    """The config with ``runtime="auto"`` replaced by the runtime that runs its model, the
+    reason in ``runtime_reason`` (runtimes/auto.py); any other config as it is."""
+    if config.runtime != "auto":
+        return config
+    from ..runtimes.auto import pick_runtime
+
+    kind, why = pick_runtime(config.model or DEFAULT_MODEL)
+    return dataclasses.replace(config, runtime=kind, runtime_reason=f"auto: {why}")
+
+
 def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
     """(registry kind, keyword arguments, model name) for the config's runtime."""
+    config = resolve_runtime(config)
     kw: dict[str, Any] = {}
     if config.runtime == "toy":
         if config.quant not in ("auto", "none"):
@@ -45,7 +58,7 @@ def runtime_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
         return "torch", kw, name
     if config.runtime == "llamacpp":
         return _llamacpp_args(config)
-    raise ValueError(f"unknown runtime {config.runtime!r} (choose from toy, torch, llamacpp)")
+    raise ValueError(f"unknown runtime {config.runtime!r} (choose from auto, toy, torch, llamacpp)")
 
 
 def _llamacpp_args(config: EngineConfig) -> tuple[str, dict[str, Any], str]:
@@ -79,6 +92,7 @@ def _tokenizer_for(kind: str, kw: dict[str, Any], vocab_size: int):
 
 
 def build_engine(config: EngineConfig) -> Engine:
+    config = resolve_runtime(config)
     kind, kw, name = runtime_args(config)
     if config.worker:
         client = WorkerClient(WorkerConfig(runtime=kind, runtime_args=tuple(kw.items()), stall_timeout=config.worker_stall_timeout,

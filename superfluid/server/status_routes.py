@@ -23,6 +23,8 @@ def install(app: FastAPI, serving: Serving) -> None:
             status = "error" if worker["state"] in ("failed", "stopped") else "degraded"
         # runtime: which numerics serve (e.g. torch:<file>:float32:det:q4_1, the fast default)
         body = {"status": status, "pid": engine.pid, "model": name, "runtime": core.desc.runtime_id}
+        if core.config.runtime_reason:  # --runtime auto: why this runtime
+            body["runtime_reason"] = core.config.runtime_reason
         if worker is not None:
             body.update(worker=worker["state"], restarts=worker["restarts"], last_exit=worker["last_exit"])
             if "replicas" in worker:  # --replicas: every replica's own state

@@ -77,7 +77,9 @@ def field(reader: GGUFReader, key: str, path: Path, default=None, required: bool
 def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
     arch = field(reader, "general.architecture", path)
     if arch not in ARCHITECTURES:
-        raise ModelLoadError(f"{path}: unsupported architecture {arch!r} (field general.architecture); supported: {', '.join(ARCHITECTURES)}")
+        raise ModelLoadError(f"{path}: the torch runtime does not run architecture {arch!r} (field "
+                             f"general.architecture; it runs {', '.join(ARCHITECTURES)}): the llamacpp runtime "
+                             f"does (--runtime llamacpp, or --runtime auto, the default, picks it)")
     check_header(reader, path)
     def a(k, d=None):
         return field(reader, f"{arch}.{k}", path, d)
