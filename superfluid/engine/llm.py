@@ -145,8 +145,8 @@ class LLM:
                 p = p["prompt"]
             else:
                 raise ValueError("a prompt dict has 'prompt' or 'prompt_token_ids'")
-        if isinstance(p, str):
-            return p, self.tokenizer.encode(p, add_special_tokens=False)
+        if isinstance(p, str):  # the file's BOS where its tokenizer asks for one, as vLLM
+            return p, self.tokenizer.encode(p, add_special_tokens=True)
         return None, [int(t) for t in p]
 
     def _run(self, texts, ids, params, use_tqdm, priority) -> list[RequestOutput]:

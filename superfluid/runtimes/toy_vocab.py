@@ -48,6 +48,7 @@ class ToyTokenizer:
         self._longest = max(len(p) for p in self._by_bytes)
         self.eos_ids = [EOS]
         self.bos_id = BOS
+        self.add_bos = False  # as the default model's file: add_special_tokens adds no BOS
 
     @property
     def special_ids(self) -> set[int]:
@@ -55,7 +56,7 @@ class ToyTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         data = text.encode()
-        out = [BOS] if add_special_tokens else []
+        out = [BOS] if add_special_tokens and self.add_bos else []
         i = 0
         while i < len(data):
             for n in range(min(self._longest, len(data) - i), 0, -1):

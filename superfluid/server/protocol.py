@@ -94,6 +94,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True  # the file's BOS before a text prompt, where its tokenizer asks for one
     best_of: int | None = Field(default=None, ge=1, le=MAX_N_CAP)
 
 

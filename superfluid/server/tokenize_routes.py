@@ -27,7 +27,9 @@ class TokenizeRequest(_Lenient):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
-    add_special_tokens: bool = False  # as the completions endpoint tokenizes
+    # the file's BOS where its tokenizer asks for one; default as the endpoints tokenize:
+    # true for a prompt (completions), false for messages (the chat template writes its own)
+    add_special_tokens: bool | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     return_token_strs: bool = False
@@ -72,7 +74,8 @@ def install(app: FastAPI, core, name: str, check_chars) -> None:
                 text = render_chat(tokenizer, messages, plan, body.add_generation_prompt)
             except Exception as e:
                 raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
-        ids = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
+        ids = tokenizer.encode(text, add_special_tokens=special)
         out = {"count": len(ids), "max_model_len": core.max_seq_len, "tokens": ids}
         if body.return_token_strs:
             out["token_strs"] = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]

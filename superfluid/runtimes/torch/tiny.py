@@ -114,8 +114,10 @@ def quantize_tensor(arr: np.ndarray, qtype: Q) -> np.ndarray:
     return quantize(arr.astype(np.float32), qtype)
 
 
-def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int:
-    """Tokenizer metadata; returns the vocabulary size. ``pre``: the BPE pre-tokenizer's name."""
+def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default", add_bos: bool | None = None) -> int:
+    """Tokenizer metadata; returns the vocabulary size. ``pre``: the BPE pre-tokenizer's name;
+    ``add_bos``: tokenizer.ggml.add_bos_token (None: the kind's usual, False for BPE as SmolLM2,
+    True for sentencepiece as Llama 2)."""
     if tokenizer == "gpt2":
         tokens, types, merges = tiny_vocab()
         w.add_tokenizer_model("gpt2")
@@ -125,7 +127,7 @@ def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int:
         w.add_token_merges(merges)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
-        w.add_add_bos_token(False)
+        w.add_add_bos_token(bool(add_bos))
         w.add_chat_template(TINY_TEMPLATE)
     elif tokenizer == "llama":  # as llama.cpp's converter writes Llama 2: no merges, scores instead
         tokens, scores, types = tiny_spm_vocab()
@@ -137,7 +139,7 @@ def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default") -> int:
         w.add_unk_token_id(0)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
-        w.add_add_bos_token(True)
+        w.add_add_bos_token(add_bos is None or add_bos)
         w.add_add_eos_token(False)
         w.add_chat_template(SPM_TEMPLATE)
     else:
@@ -166,6 +168,7 @@ class TinyModel:
     # tokenizer: "gpt2" (byte-level BPE) or "llama" (sentencepiece); pre: the BPE pre-tokenizer's name
     tokenizer: str = "gpt2"
     tokenizer_pre: str = "default"
+    add_bos: bool | None = None  # tokenizer.ggml.add_bos_token (None: the tokenizer kind's usual)
     # extra fields under the architecture's prefix, e.g. {"attention.sliding_window": 8}
     meta: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     # broken on purpose, for files a loader must reject: tensors left out, shapes replaced,
@@ -196,7 +199,7 @@ class TinyModel:
         w.add_head_count_kv(self.n_kv_heads)
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-5)
-        vocab = write_tokenizer(w, self.tokenizer, self.tokenizer_pre)
+        vocab = write_tokenizer(w, self.tokenizer, self.tokenizer_pre, self.add_bos)
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(self.hidden // self.n_heads)
         for key, value in self.meta.items():  # bool before int: True is an int too
