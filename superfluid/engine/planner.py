@@ -31,6 +31,10 @@ class Limits:
     rounds: int | None = None
     prefill_budget: int | None = None
     use_leases: bool = True
+    # False: finished lanes retire without publishing to the cache. A publishing retire
+    # needs a cell for its pending token; on a pool full of live lanes and pinned entries
+    # that cell may not exist, and giving up the publication is the last thing to give up.
+    publish_retires: bool = True
 
 
 @dataclass
@@ -51,6 +55,7 @@ class ScheduledTick:
     retires: list[int] = field(default_factory=list)
     latency_sensitive: bool = False
     short_of_cells: bool = False  # the estimate says running lanes alone do not fit
+    waits_on_estimate: bool = False  # an admission waits because the free-cell estimate says it does not fit
     # Running requests that must give way to a better-priority waiting one (the plan is
     # not run: the scheduler preempts them and plans again).
     preempt_for: list[Request] | None = None
@@ -128,7 +133,7 @@ class Planner:
         then the rounds every ready lane is granted."""
         cfg = self.config
         tick = ScheduledTick(plan=abi.TickPlan(plan_seq=0))
-        retires, live = self._retires(view, tick)
+        retires, live = self._retires(view, tick, limits.publish_retires)
         budget = cfg.prefill_token_budget if limits.prefill_budget is None else limits.prefill_budget
         free = None if view.free_cells is None else view.free_cells + view.orphan_cells
         draft = _Draft(budget=budget, free=free, n_lanes=len(live))
@@ -154,13 +159,14 @@ class Planner:
         )
         return tick
 
-    def _retires(self, view: SchedulerView, tick: ScheduledTick) -> tuple[list[abi.LaneRetire], list[Request]]:
-        """The lanes that end this tick (finished ones publish their state to the cache;
-        preempted ones do not), and the live rest."""
+    def _retires(self, view: SchedulerView, tick: ScheduledTick, publish: bool
+                 ) -> tuple[list[abi.LaneRetire], list[Request]]:
+        """The lanes that end this tick (finished ones publish their state to the cache
+        unless ``publish`` is off; preempted ones do not), and the live rest."""
         retires = list(view.orphan_retires)
         for req in view.running:
             if req.retire_pending:
-                retires.append(abi.LaneRetire(req.lane_tag, publish_to_cache=self.config.prefix_caching))
+                retires.append(abi.LaneRetire(req.lane_tag, publish_to_cache=self.config.prefix_caching and publish))
                 tick.retires.append(req.lane_tag)
         tick.retires += [r.lane_tag for r in view.orphan_retires]
         return retires, [r for r in view.running if not r.retire_pending]
@@ -230,6 +236,7 @@ class Planner:
                 victims = self._give_way(live, req, cells - draft.free)
                 if victims:
                     return victims
+                tick.waits_on_estimate = True
                 break
             publish = forking and req.index == 0 and req.group_id in siblings
             self._admit(req, leased, prefill_end, take, publish, write_prompt, draft, tick)

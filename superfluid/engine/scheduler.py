@@ -220,6 +220,12 @@ class Scheduler(EventsApplied):
                 for victim in tick.preempt_for:
                     self._preempt(victim)
                 continue
+            if tick.empty and tick.waits_on_estimate and self._free_cells is not None:
+                # Nothing runs, so no tick would ever refresh the estimate (from the last
+                # tick's counters, taken before its retires gave cells back): without it,
+                # the executor decides, and NeedsReplan sheds what does not fit.
+                self._free_cells = None
+                continue
             if tick.empty:
                 self.host.wait(idle=True)  # only callbacks are running: let one answer
                 return self._take_failed()
@@ -247,20 +253,25 @@ class Scheduler(EventsApplied):
         raise SchedulerError(f"no plan fit after {self.config.max_replans} re-plans")
 
     def _retire_now(self) -> None:
-        tick = self.planner.build(
-            SchedulerView(running=list(self.running.values()), waiting=[], orphan_retires=self._orphans, free_cells=None, draining=True),
-            Limits(),
-            lambda req: None,
-            self.rings.write_prompt,
-        )
-        # Only the retires: running lanes make no progress in this tick.
-        tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], commits=[], flags=0,
-                                            protected_quota_bytes=self._protected_quota)
-        tick.prefills, tick.decodes = {}, {}
-        out = self.ex.run_tick(tick.plan)
-        if out.status != abi.Status.OK:
-            raise SchedulerError(f"the executor rejected a retire-only plan: {abi.Status(out.status).name}")
-        self.update(tick, out.events)
+        for publish in (True, False):  # publishing needs cells the pool may not have: then without
+            tick = self.planner.build(
+                SchedulerView(running=list(self.running.values()), waiting=[], orphan_retires=self._orphans,
+                              free_cells=None, draining=True),
+                Limits(publish_retires=publish),
+                lambda req: None,
+                self.rings.write_prompt,
+            )
+            # Only the retires: running lanes make no progress in this tick.
+            tick.plan = msgspec.structs.replace(tick.plan, prefills=[], decodes=[], admits=[], commits=[], flags=0,
+                                                protected_quota_bytes=self._protected_quota)
+            tick.prefills, tick.decodes = {}, {}
+            out = self.ex.run_tick(tick.plan)
+            if out.status == abi.Status.OK:
+                self.update(tick, out.events)
+                return
+            if out.status != abi.Status.NEEDS_REPLAN:
+                break
+        raise SchedulerError(f"the executor rejected a retire-only plan: {abi.Status(out.status).name}")
 
     def _view(self) -> SchedulerView:
         waiting = self._admissible()
@@ -396,6 +407,9 @@ class Scheduler(EventsApplied):
         if len(live) > 1:
             self._preempt(self.policy.worst(live))
             limits.max_admits = 0  # not this tick: the preempted request would come right back
+            return limits
+        if any(r.publish_to_cache for r in tick.plan.retires) and limits.publish_retires:
+            limits.publish_retires = False  # publishing needs cells: retire without it
             return limits
         if live:
             self._fail(live[0], "the request does not fit in the KV cache")
