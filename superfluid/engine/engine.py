@@ -71,8 +71,9 @@ class Engine:
             raise ParamError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
         if len(prompt_token_ids) >= self.max_seq_len:
             raise ParamError(
-                f"this model's maximum context length is {self.max_seq_len} tokens, "
-                f"but the prompt has {len(prompt_token_ids)} tokens",
+                f"This model's maximum context length is {self.max_seq_len} tokens. However, your request has "
+                f"{len(prompt_token_ids)} input tokens (at least one must be left to generate). "
+                "Please reduce the length of the input.",
                 "prompt",
             )
         params.validate(self.vocab_size, self.config.max_n)

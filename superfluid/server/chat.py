@@ -138,5 +138,6 @@ def tokenized(body: ChatCompletionRequest, serving: Serving) -> tuple[list[int],
     params = translated(chat_params, body)
     text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars)
     ids = serving.tokenizer.encode(text, add_special_tokens=False)
-    serving.validate(ids, params)
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    serving.validate(ids, params, asked, "messages")
     return ids, plan, params

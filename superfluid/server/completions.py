@@ -102,7 +102,7 @@ def prepare(body: CompletionRequest, serving: Serving) -> tuple[SamplingParams, 
     score_only = body.echo and body.max_tokens == 0
     if score_only:
         params = params.with_(max_tokens=1)
-    prompts, echoes = _tokenized(raw, params, serving, body.echo)
+    prompts, echoes = _tokenized(raw, params, serving, body.echo, body.max_tokens)
     # a streamed request never ranks (best_of > n is a 400), so there the engine's
     # logprobs are the client's
     shape = CompletionShape(serving.tokenizer, params.logprobs or 0, body.logprobs is not None, extras, len(prompts),
@@ -110,14 +110,15 @@ def prepare(body: CompletionRequest, serving: Serving) -> tuple[SamplingParams, 
     return params, prompts, shape
 
 
-def _tokenized(raw: list, params: SamplingParams, serving: Serving, echo: bool) -> tuple[list[list[int]], list[Echo]]:
+def _tokenized(raw: list, params: SamplingParams, serving: Serving, echo: bool,
+               asked: int | None) -> tuple[list[list[int]], list[Echo]]:
     tokenizer = serving.tokenizer
     prompts, echoes = [], []
     for p in raw:
         if isinstance(p, str):
             serving.check_chars(len(p), "prompt")
         ids = tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
-        serving.validate(ids, params)
+        serving.validate(ids, params, asked or None)  # 0 (score-only) generates one token, which always fits
         prompts.append(ids)
         if echo:
             echoes.append(Echo(p if isinstance(p, str) else tokenizer.decode(ids, skip_special_tokens=False), ids))

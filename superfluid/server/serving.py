@@ -67,7 +67,21 @@ class Serving:
             raise APIError(400, f"the {param} has {n} characters; at most {self.max_chars} are accepted", param,
                            "context_length_exceeded")
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(self, ids: list[int], params: SamplingParams, requested: int | None = None,
+                 param: str = "prompt") -> None:
+        """``requested``: the max_tokens the client gave (None: the rest of the context,
+        or the endpoint's default, clamped to it, as vLLM does). Past the context it is a
+        400 in vLLM's words, not a silent clamp; ``param`` names the prompt's field."""
+        limit = self.core.max_seq_len
+        if len(ids) >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your request has "
+                           f"{len(ids)} input tokens. Please reduce the length of the {param}.", param,
+                           "context_length_exceeded")
+        if requested is not None and len(ids) + requested > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                           f"{len(ids) + requested} tokens ({len(ids)} in the {param}, {requested} in the "
+                           f"completion). Please reduce the length of the {param} or completion.", param,
+                           "context_length_exceeded")
         with invalid_params():
             self.core.validate(ids, params)
 
