@@ -80,7 +80,7 @@ class CompletionShape:
 def install(app: FastAPI, serving: Serving) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        serving.check_model(body.model)
+        serving.check_body(body, "/v1/completions")
         # tokenising (and FIM, echo text) off the event loop: a long prompt never stalls other streams
         params, prompts, shape = await run_in_threadpool(prepare, body, serving)
         return await serving.answer(request, body, "cmpl", prompts, params, shape)

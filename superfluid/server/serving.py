@@ -22,7 +22,7 @@ from ..engine.params import ParamError, SamplingParams
 from .deadline import deadline_s
 from .errors import APIError
 from .metrics import Metrics
-from .responder import Reply, Shape, events, whole
+from .responder import Reply, RunningUsage, Shape, events, whole
 from .stream_hub import StreamHub
 
 
@@ -56,6 +56,11 @@ class Serving:
     @property
     def tokenizer(self):
         return self.core.tokenizer
+
+    def check_body(self, body, endpoint: str) -> None:
+        """The model is the one served; the fields it ignores are logged and counted."""
+        self.check_model(body.model)
+        self.metrics.ignored.note(body, endpoint)
 
     def check_model(self, requested: str) -> None:
         if requested != self.name:
@@ -116,6 +121,10 @@ class Serving:
         streams = await self.submit(rid, prompts, params, body.prompt_cache_key)
         reply = Reply(rid, created, self.name, streams, params.n, deadline_s(body.timeout, self.request_timeout))
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return self.streams.record(rid, request.url.path, events(reply, shape, include_usage), keep_running=False)
+            opts = body.stream_options
+            include_usage = bool(opts and opts.include_usage)
+            # vLLM: continuous_usage_stats counts only with include_usage
+            running = RunningUsage(sum(map(len, prompts)), {}) if include_usage and opts.continuous_usage_stats else None
+            return self.streams.record(rid, request.url.path, events(reply, shape, include_usage, running),
+                                       keep_running=False)
         return await whole(request, reply, shape)
