@@ -150,6 +150,8 @@ class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     # retention (cache.Retention); keyed entries are protected within the plan's quota.
     cache_key: int = 0
     cache_retention: int = 0
+    # A token rules handle (executor/token_rules.py: allowed ids, bad words, min_tokens); 0: none.
+    token_rules_handle: int = 0
 
 
 class PrefillChunk(msgspec.Struct, frozen=True, array_like=True):

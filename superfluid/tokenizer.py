@@ -9,7 +9,6 @@ grammars), EOS / special ids, and the chat template rendered in a jinja2 sandbox
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, mo
 
 from .models import ModelLoadError
 from .runtimes.base import Vocabulary
+from .tokenizer_api import TokenizerAPI, _compile  # noqa: F401  (_compile: the llamacpp tokenizer's too)
 
 # GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
 UNKNOWN, CONTROL, USER_DEFINED, BYTE = 2, 3, 4, 6
@@ -122,7 +122,7 @@ def _add_gguf_specials(backend: HFTokenizer, tokens: list[str], types: list[int]
     return specials
 
 
-class Tokenizer:
+class Tokenizer(TokenizerAPI):
     def __init__(self, backend: HFTokenizer, *, eos_ids: list[int], bos_id: int | None, special_ids: set[int],
                  chat_template: str | None, byte_level: bool, add_bos: bool = False,
                  bos_token: str = "", eos_token: str = ""):
@@ -228,6 +228,9 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_text(self, token_id: int) -> str:
+        return self.backend.id_to_token(token_id) or ""
+
     def token_bytes(self, token_id: int) -> bytes:
         if self._bytes is None:
             self._bytes = self._all_bytes()
@@ -255,33 +258,9 @@ class Tokenizer:
         specials = sorted((self.backend.id_to_token(i), i) for i in self.special_ids)
         return Vocabulary(tokens=tokens, eos=list(self.eos_ids), specials=specials)
 
-    # ------------------------------------------------------------ chat template
-
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        if not self.chat_template:
-            raise ValueError("this model has no chat template")
-        return _compile(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token, eos_token=self.eos_token, **extra)
-
 
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text()) if path.is_file() else {}
     except (OSError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: unreadable ({e})") from e
-
-
-@lru_cache(maxsize=8)
-def _compile(template: str):
-    from jinja2.exceptions import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda v, indent=None, **kw: json.dumps(v, indent=indent, ensure_ascii=False)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)

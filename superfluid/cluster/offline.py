@@ -45,6 +45,8 @@ class ClusterRunner:
                 c.token_ids += d.token_ids
                 if d.logprobs:
                     c.logprobs = (c.logprobs or []) + d.logprobs
+                if d.prompt_logprobs is not None:
+                    c.prompt_logprobs = out.prompt_logprobs = d.prompt_logprobs
                 if d.finish_reason is not None:
                     c.finish_reason, c.stop_reason = d.finish_reason, d.stop_reason
                     out.num_cached_tokens = max(out.num_cached_tokens, d.cached_tokens)

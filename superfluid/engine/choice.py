@@ -44,7 +44,8 @@ class ChoiceState:
             if lp is not None:
                 self.output.cumulative_logprob = (self.output.cumulative_logprob or 0.0) + lp.logprob
         if not self._ends_without_text(token):
-            delta.text = self.stop.push(self.detok.push(token))
+            # vLLM: no stop string ends a generation shorter than min_tokens
+            delta.text = self.stop.push(self.detok.push(token), armed=self.n_processed >= req.params.min_tokens)
         if self.stop.stopped is not None:
             # The stop string ends the request here: later tokens never happened.
             del req.output_token_ids[self.n_processed :]

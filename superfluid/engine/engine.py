@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..executor.interface import ExecutorInterface, ExecutorLost, InProcess, Supervised
 from ..executor.speculate import SpecConfig
-from . import cache_keys
+from . import cache_keys, token_rules
 from .choice import ChoiceState
 from .config import EngineConfig
 from .outputs import Delta
@@ -71,8 +71,9 @@ class Engine:
             raise ParamError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})", "prompt")
         if len(prompt_token_ids) >= self.max_seq_len:
             raise ParamError(
-                f"this model's maximum context length is {self.max_seq_len} tokens, "
-                f"but the prompt has {len(prompt_token_ids)} tokens",
+                f"This model's maximum context length is {self.max_seq_len} tokens. However, your request has "
+                f"{len(prompt_token_ids)} input tokens (at least one must be left to generate). "
+                "Please reduce the length of the input.",
                 "prompt",
             )
         params.validate(self.vocab_size, self.config.max_n)
@@ -104,24 +105,22 @@ class Engine:
         max_new = room if params.max_tokens is None else min(params.max_tokens, room)
         if choices is None:
             choices = [ChoiceStart(i, rng_base(params.seed, i)) for i in range(params.n)]
+        rules = token_rules.resolve(params, self.tokenizer, self._eos)  # bad words in ids, once
+        key = cache_keys.key_hash(params.prompt_cache_key, params.prompt_cache_retention)
+        retention = cache_keys.retention_class(params.prompt_cache_key, params.prompt_cache_retention)
         reqs: list[Request] = []
         try:
             for c in choices:
                 adopted = LeasedPrefix(*c.lease) if c.lease is not None else None
                 # One set per choice: a plan may name a grammar handle once.
-                handles = RequestHandles.acquire(self.ex, params, adopted, wait=wait_grammar)
+                handles = RequestHandles.acquire(self.ex, params, adopted, wait=wait_grammar, rules=rules)
                 reqs.append(Request(
                     request_id=f"{request_id}-{c.index}",
                     prompt_token_ids=list(map(int, prompt_token_ids)),
                     params=params,
-                    max_new_tokens=max_new,
-                    index=c.index,
-                    group_id=request_id,
-                    rng_base=c.rng_base,
+                    max_new_tokens=max_new, index=c.index, group_id=request_id, rng_base=c.rng_base,
                     output_token_ids=list(c.token_ids),
-                    cache_key=cache_keys.key_hash(params.prompt_cache_key, params.prompt_cache_retention),
-                    cache_retention=cache_keys.retention_class(params.prompt_cache_key, params.prompt_cache_retention),
-                    handles=handles,
+                    cache_key=key, cache_retention=retention, handles=handles,
                 ))
         except BaseException:
             for req in reqs:

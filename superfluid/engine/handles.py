@@ -1,6 +1,6 @@
 """The executor handles a request holds, owned from acquisition to release by one object.
 
-A request may hold three: a logit bias, a compiled grammar, and an adopted lease (a
+A request may hold four: a logit bias, token rules, a compiled grammar, and an adopted lease (a
 handed-over lane's KV, adopted into the executor for it; an admission consumes it).
 ``RequestHandles.acquire`` takes them when the request is submitted and ``release``
 gives them back when it ends (``Request.finish`` calls it, whatever ended it: a finish,
@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .params import ParamError, SamplingParams
+from .token_rules import RulesSpec
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,12 @@ class RequestHandles:
     executor: the state of a request made outside an engine, e.g. in a test."""
 
     def __init__(self, executor=None, params: SamplingParams | None = None, adopted: LeasedPrefix | None = None,
-                 wait: bool = True):
+                 wait: bool = True, rules: RulesSpec | None = None):
         self._ex = executor
         self._params = params
+        self._rules_spec = rules
         self._logit_bias = 0
+        self._rules = 0
         self._grammar = 0
         self._adopted = adopted
         self._wait = wait  # compile the grammar before acquire returns; else in the background
@@ -47,12 +50,12 @@ class RequestHandles:
 
     @classmethod
     def acquire(cls, executor, params: SamplingParams, adopted: LeasedPrefix | None = None,
-                wait: bool = True) -> RequestHandles:
+                wait: bool = True, rules: RulesSpec | None = None) -> RequestHandles:
         """Take the handles ``params`` asks for (and own ``adopted``). All or none: on a
         failure (ParamError for a grammar that does not compile) what was taken goes back.
         ``wait`` false: the grammar compiles in the executor's pool and the request waits
         (``grammar_pending``) until ``grammar_settled`` says how it ended."""
-        handles = cls(executor, params, adopted, wait)
+        handles = cls(executor, params, adopted, wait, rules)
         try:
             handles._take()
         except BaseException:
@@ -63,6 +66,10 @@ class RequestHandles:
     @property
     def logit_bias(self) -> int:
         return self._logit_bias
+
+    @property
+    def token_rules(self) -> int:
+        return self._rules
 
     @property
     def grammar(self) -> int:
@@ -79,7 +86,7 @@ class RequestHandles:
     def renew(self) -> None:
         """The executor restarted clean (its worker was lost): the old handles died with
         it, unreleased; take the same ones anew. An adopted sequence is gone as well."""
-        self._logit_bias = self._grammar = 0
+        self._logit_bias = self._rules = self._grammar = 0
         self._adopted = None
         self.grammar_pending = False
         if self._ex is not None:
@@ -94,14 +101,16 @@ class RequestHandles:
 
     def release(self) -> None:
         """Give every handle back, once."""
-        bias, grammar, adopted = self._logit_bias, self._grammar, self._adopted
-        self._logit_bias = self._grammar = 0
+        bias, rules, grammar, adopted = self._logit_bias, self._rules, self._grammar, self._adopted
+        self._logit_bias = self._rules = self._grammar = 0
         self._adopted = None
         try:
             if adopted is not None:
                 self._ex.release_lease(adopted.handle)
             if bias:
                 self._ex.release_logit_bias(bias)
+            if rules:
+                self._ex.release_token_rules(rules)
             if grammar:
                 self._ex.release_grammar(grammar)
         except Exception:  # a lost worker took its handles with it; the next step recovers
@@ -111,6 +120,12 @@ class RequestHandles:
         p = self._params
         if p.logit_bias:
             self._logit_bias = self._ex.register_logit_bias({int(k): float(v) for k, v in p.logit_bias.items()})
+        r = self._rules_spec
+        if r is not None:
+            try:
+                self._rules = self._ex.register_token_rules(r.allowed, r.bad_words, r.min_tokens, r.min_ban)
+            except ValueError as e:
+                raise ParamError(str(e), "allowed_token_ids" if r.allowed is not None else "bad_words") from e
         if p.grammar is not None:
             # One handle per choice: a plan may name a grammar handle once.
             try:

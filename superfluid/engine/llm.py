@@ -20,8 +20,10 @@ from typing import Any, Callable, Sequence
 from .config import EngineConfig, SchedulerConfig
 from .engine import Engine
 from .loader import build_engine
+from . import vllm_args
 from .outputs import CompletionOutput, Delta, RequestOutput
-from .params import SamplingParams
+from .params import SEED_MAX, SamplingParams
+from .request import rng_base
 
 PromptLike = str | list[int] | dict
 TQDM_AUTO_MIN = 5  # use_tqdm=None: a progress bar from this many prompts on
@@ -45,24 +47,29 @@ class LLM:
         progress: bool = False,
         engine: Engine | None = None,
         replicas: int = 0,
+        # vLLM's names (vllm_args.py says how each maps)
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        seed: int | None = None,
+        tokenizer: str | None = None,
+        quantization: str | None = None,
+        **vllm_engine_args: Any,
     ):
         """``replicas=N``: N engines on Ray (a local instance unless one is running),
-        ``generate`` spread over them (superfluid.cluster; needs the ray extra)."""
+        ``generate`` spread over them (superfluid.cluster; needs the ray extra).
+        ``seed``: requests without a seed get one drawn from it, so a script's outputs
+        repeat from run to run (vLLM's meaning)."""
+        vllm_args.check_extra(vllm_engine_args)
         if scheduling_policy is not None:
             scheduler = dataclasses.replace(scheduler, scheduling_policy=scheduling_policy)
         config = EngineConfig(
-            model=model or "",
-            runtime=runtime,
-            dtype=dtype,
-            quant=quant,
-            kv_cache_mb=kv_cache_mb,
-            max_batch=max_batch,
-            deterministic=deterministic,
-            progress=progress,
-            worker=worker,
-            runtime_extra=tuple((runtime_args or {}).items()),
-            scheduler=scheduler,
+            model=model or "", runtime=runtime, dtype=vllm_args.dtype(dtype), quant=vllm_args.quant(quantization, quant),
+            kv_cache_mb=kv_cache_mb, max_batch=max_batch, deterministic=deterministic, progress=progress,
+            worker=worker, runtime_extra=tuple((runtime_args or {}).items()), scheduler=scheduler,
         )
+        config = vllm_args.apply(config, max_model_len=max_model_len, max_num_seqs=max_num_seqs, tokenizer=tokenizer)
+        self._seeds = None if seed is None else itertools.count(0)
+        self._seed = seed
         self._cluster = None
         owned = engine is None and not replicas
         if replicas:
@@ -128,13 +135,31 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         use_tqdm: bool | Callable | None = None,
-        add_generation_prompt: bool = True,
+        add_generation_prompt: bool | None = None,
         params: SamplingParams | Sequence[SamplingParams] | None = None,  # the earlier name
+        tools: list[dict] | None = None,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
     ) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"}) or a batch of them."""
+        """One conversation (a list of {"role", "content"}) or a batch of them, as vLLM's
+        ``LLM.chat``: ``tools`` and ``chat_template_kwargs`` are the template's variables,
+        ``chat_template`` replaces the model's, ``continue_final_message`` continues the
+        last (assistant) message. ``add_generation_prompt`` defaults to true unless the
+        final message is continued."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt) for c in convs]
-        ids = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        if add_generation_prompt is None:
+            add_generation_prompt = not continue_final_message
+        kw = dict(chat_template_kwargs or {})
+        if tools is not None:
+            kw["tools"] = tools
+        if continue_final_message:  # only when asked: a tokenizer without the argument serves the rest
+            kw["continue_final_message"] = True
+        if chat_template is not None:
+            kw["chat_template"] = chat_template
+        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, **kw) for c in convs]
+        ids = [self.tokenizer.encode(t, add_special_tokens=add_special_tokens) for t in texts]
         return self._run(texts, ids, sampling_params if sampling_params is not None else params, use_tqdm, None)
 
     def _prompt(self, p: PromptLike) -> tuple[str | None, list[int]]:
@@ -159,6 +184,7 @@ class LLM:
             if len(priority) != len(ids):
                 raise ValueError(f"one priority per prompt ({len(ids)}); got {len(priority)}")
             plist = [p.with_(priority=int(pr)) for p, pr in zip(plist, priority)]
+        plist = self._seeded(plist)
         if self._cluster is not None:
             return self._cluster.run(texts, ids, plist, progress=_progress_wanted(use_tqdm, len(ids)))
         outputs: dict[str, RequestOutput] = {}
@@ -195,6 +221,13 @@ class LLM:
                     c.cumulative_logprob = sum(next(iter(e.values())).logprob for e in c.logprobs if e)
         return [outputs[r] for r in order]
 
+    def _seeded(self, plist: list[SamplingParams]) -> list[SamplingParams]:
+        """LLM(seed=...): each unseeded request, in order, gets the next seed drawn from it."""
+        if self._seeds is None:
+            return plist
+        return [p if p.seed is not None else p.with_(seed=rng_base(self._seed, next(self._seeds)) & SEED_MAX)
+                for p in plist]
+
     def _settle(self) -> None:
         while self.engine.has_work():  # retire (and publish) the finished lanes
             self.engine.step()
@@ -214,7 +247,7 @@ def _apply(out: RequestOutput | None, d: Delta) -> bool:
     if d.logprobs:
         c.logprobs = (c.logprobs or []) + d.logprobs
     if d.prompt_logprobs is not None:
-        c.prompt_logprobs = d.prompt_logprobs
+        c.prompt_logprobs = out.prompt_logprobs = d.prompt_logprobs
     if d.finish_reason is None:
         return False
     c.finish_reason, c.stop_reason, c.error = d.finish_reason, d.stop_reason, d.error

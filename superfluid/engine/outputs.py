@@ -45,6 +45,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens the prefix cache covered
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # vLLM's place for them (each choice has them too)
 
     @property
     def usage(self) -> dict:

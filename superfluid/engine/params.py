@@ -31,6 +31,9 @@ MAX_TOP_K = INT32_MAX  # past the vocabulary it means "off" (every sampler treat
 MAX_TOKENS_CAP = INT32_MAX
 MAX_LOGIT_BIAS = 1024  # entries
 MAX_N_CAP = 1024  # the largest --max-n a server may set
+MAX_BAD_WORDS = 64  # words per request (each becomes up to two token sequences)
+MAX_BAD_WORD_CHARS = 256
+MAX_ALLOWED_TOKEN_IDS = 1 << 17
 
 @dataclass(frozen=True)
 class GrammarSpec:
@@ -66,6 +69,10 @@ class SamplingParams:
     grammar: GrammarSpec | None = None
     skip_special_tokens: bool = True
     priority: int = 0  # lower runs first; FCFS among equals
+    # vLLM's token rules (executor/token_rules.py), applied wherever the lane samples:
+    min_tokens: int = 0  # EOS, stop ids and stop strings cannot end the output before this many tokens
+    bad_words: tuple[str, ...] = ()  # each word's tokens (with and without a leading space) never complete
+    allowed_token_ids: tuple[int, ...] | None = None  # None: every token
     # Host-side sampling (vLLM's per-request signatures): each processor is
     # fn(output_token_ids, logits) -> logits or fn(prompt_token_ids, output_token_ids, logits),
     # applied in order after the grammar mask, logit bias and penalties; the sampler,
@@ -82,6 +89,12 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if isinstance(self.bad_words, str):
+            object.__setattr__(self, "bad_words", (self.bad_words,))
+        elif not isinstance(self.bad_words, tuple):
+            object.__setattr__(self, "bad_words", tuple(self.bad_words or ()))
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, tuple):
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         if callable(self.logits_processors):  # one processor given bare
@@ -158,6 +171,31 @@ class SamplingParams:
             for tok in self.stop_token_ids:
                 if not 0 <= tok < vocab_size:
                     raise ParamError(f"stop_token_ids: {tok} is outside the vocabulary", "stop_token_ids")
+        self._validate_rules(vocab_size)
+
+    def _validate_rules(self, vocab_size: int | None) -> None:
+        if not 0 <= self.min_tokens <= MAX_TOKENS_CAP:
+            raise ParamError(f"min_tokens must be in [0, {MAX_TOKENS_CAP}], got {self.min_tokens}", "min_tokens")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ParamError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})",
+                             "min_tokens")
+        if len(self.bad_words) > MAX_BAD_WORDS or any(not w.strip() or len(w) > MAX_BAD_WORD_CHARS
+                                                      for w in self.bad_words):
+            raise ParamError(f"bad_words: at most {MAX_BAD_WORDS} words, each not blank and at most "
+                             f"{MAX_BAD_WORD_CHARS} characters", "bad_words")
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not 0 < len(allowed) <= MAX_ALLOWED_TOKEN_IDS:
+                raise ParamError(f"allowed_token_ids must name 1 to {MAX_ALLOWED_TOKEN_IDS} tokens",
+                                 "allowed_token_ids")
+            bad = [t for t in allowed if not 0 <= t < (vocab_size if vocab_size is not None else INT32_MAX + 1)]
+            if bad:
+                raise ParamError(f"allowed_token_ids: {bad[0]} is outside the vocabulary", "allowed_token_ids")
+
+    @property
+    def token_rules(self) -> bool:
+        """The request has rules its lane applies to every row (a token rules handle)."""
+        return self.min_tokens > 0 or bool(self.bad_words) or self.allowed_token_ids is not None
 
     # ---------------------------------------------------------------- abi side
     def abi_sampling(self) -> int:

@@ -277,6 +277,7 @@ class Planner:
                 grammar_handle=req.handles.grammar,
                 grammar_replay=replay if req.handles.grammar else 0,
                 logit_bias_handle=req.handles.logit_bias,
+                token_rules_handle=req.handles.token_rules,
                 seed_handle=leased.handle if leased else 0,
                 determinism_class=self.config.determinism_class,
                 want_logprobs=p.want_logprobs(),

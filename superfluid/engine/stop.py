@@ -19,12 +19,18 @@ class StopChecker:
         self.text = ""  # everything generated so far (until a stop cuts it)
         self.released = 0  # chars of self.text handed out
         self.stopped: str | None = None  # the stop string that matched
+        self._floor = 0  # a match starts at or past here: text pushed unarmed was released as it came
 
-    def push(self, delta: str) -> str:
-        """Add generated text; returns the text that may be released now."""
+    def push(self, delta: str, armed: bool = True) -> str:
+        """Add generated text; returns the text that may be released now. Unarmed (before
+        min_tokens) the text is released whole and no stop string may start in it."""
         if self.stopped is not None or not delta:
             return ""
-        start = max(0, len(self.text) - self._longest + 1)  # a match must end in the delta
+        if not armed:
+            self.text += delta
+            self._floor = len(self.text)
+            return self._release(len(self.text))
+        start = max(0, len(self.text) - self._longest + 1, self._floor)  # a match must end in the delta
         self.text += delta
         if self.stops:
             hit = self._find(start)

@@ -108,6 +108,7 @@ def _drafts(c: TickContext, a: LaneAdmit) -> bool:
         and a.sampling != Sampling.HOST
         and a.grammar_handle == 0
         and a.logit_bias_handle == 0
+        and a.token_rules_handle == 0
         and a.want_logprobs == 0
     )
 
@@ -126,6 +127,8 @@ def _lane(c: TickContext, st: TickState, a: LaneAdmit, prompt: list[int], start:
         committed=start.committed,
         pending_input=start.pending,
         bias=c.biases.get(a.logit_bias_handle) if a.logit_bias_handle else None,
+        rules=c.rules.get(a.token_rules_handle) if a.token_rules_handle else None,
+        out_start=len(prompt) - a.decode_replay,
         logprobs_top=(a.want_logprobs - 1) if a.want_logprobs > 0 else None,
         grammar=c.grammars.store.borrow(a.grammar_handle, cursor) if cursor is not None else None,
         spec=LaneSpec.new(c.spec.config) if drafts else None,

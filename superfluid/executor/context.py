@@ -23,6 +23,7 @@ from .lane import Lane
 from .leases import Leases
 from .pool import CachePool, ExecutorConfig
 from .speculate import SpecConfig, SpecGate
+from .token_rules import TokenRules
 
 if TYPE_CHECKING:
     from .grammar import GrammarStore
@@ -94,6 +95,7 @@ class TickContext:
         self.handles = itertools.count(1)
         self.leases = Leases(prim, self.pool.cache, self.handles)
         self.biases: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.rules: dict[int, TokenRules] = {}  # token rules, in the same handle space
         self.grammars = Grammars(prim)
         self.spec = Speculation()
         self.pace = Pace()

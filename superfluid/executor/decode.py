@@ -127,6 +127,7 @@ def _runtime_spec(lane: Lane, draws: bool) -> SampleSpec | None:
         lane.sampling == Sampling.HOST
         or (not is_greedy and not draws)
         or lane.bias is not None
+        or lane.rules is not None
         or hs.penalizes(lane.params)
         or lane.logprobs_top is not None
         or lane.grammar is not None

@@ -22,6 +22,7 @@ from .lane import Lane
 from .leases import Lease
 from .pool import ExecutorConfig
 from .speculate import SpecConfig, SpecGate
+from .token_rules import TokenRules
 from .tick import run_tick
 
 FATAL_EXIT_STATUS = 70
@@ -128,6 +129,18 @@ class Executor:
 
     def release_logit_bias(self, handle: int) -> None:
         self.ctx.biases.pop(handle, None)
+
+    def register_token_rules(self, allowed: list[int] | None, bad_words: list[list[int]], min_tokens: int,
+                             min_ban: list[int]) -> int:
+        vocab = self.ctx.prim.vocabulary()
+        ban = list(min_ban) + (list(vocab.eos) if vocab is not None else [])  # this runtime's EOS too
+        rules = TokenRules.build(self.desc.vocab_size, allowed, bad_words, min_tokens, ban)
+        h = next(self.ctx.handles)
+        self.ctx.rules[h] = rules
+        return h
+
+    def release_token_rules(self, handle: int) -> None:
+        self.ctx.rules.pop(handle, None)
 
     def compile_grammar(self, kind: str, source: str | None = None, wait: bool = True) -> int:
         store = self.ctx.grammars.store

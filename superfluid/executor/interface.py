@@ -63,6 +63,15 @@ class ExecutorInterface(Protocol):
 
     def release_logit_bias(self, handle: int) -> None: ...
 
+    def register_token_rules(self, allowed: list[int] | None, bad_words: list[list[int]], min_tokens: int,
+                             min_ban: list[int]) -> int:
+        """A handle for a request's token rules (executor/token_rules.py): only ``allowed``
+        may be picked (None: any); each bad word's last token is banned after the rest;
+        ``min_ban`` (and the runtime's EOS) are banned until ``min_tokens`` were generated.
+        ValueError for a token outside the vocabulary."""
+
+    def release_token_rules(self, handle: int) -> None: ...
+
     def compile_grammar(self, kind: str, source: str | None = None, wait: bool = True) -> int:
         """A grammar handle; GrammarError (a ValueError) for an invalid grammar. With
         ``wait`` false the compile runs in the background (a bounded pool, a time

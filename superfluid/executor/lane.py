@@ -26,6 +26,8 @@ class Lane:
     rng_counter: int = 0
     finished: bool = False
     bias: tuple[np.ndarray, np.ndarray] | None = None
+    rules: object | None = None  # token_rules.TokenRules
+    out_start: int = 0  # committed[out_start:] is what the lane generated (its replay included)
     logprobs_top: int | None = None  # top-k logprobs wanted (0: the chosen token's only)
     grammar: object | None = None  # grammar.LaneGrammar
     spec: object | None = None  # speculate.LaneSpec

@@ -53,13 +53,16 @@ def own_row(c: TickContext, lane: Lane, row: np.ndarray) -> np.ndarray:
     """The row to pick from: a private copy when the grammar mask, bias or penalties will
     change it (a runtime's row may be a view of its batch), else the row itself --
     argmax, sampling and logprobs only read it."""
-    if lane.grammar is not None or lane.bias is not None or penalized(c, lane):
+    if lane.grammar is not None or lane.bias is not None or lane.rules is not None or penalized(c, lane):
         return np.array(row, dtype=np.float32, copy=True)
     return row
 
 
 def process_row(c: TickContext, lane: Lane, row: np.ndarray) -> None:
-    """Bias and penalties in place, in the reference's order (the grammar mask comes first)."""
+    """Token rules, bias and penalties in place, in the reference's order (the grammar
+    mask comes first; the rules only ban, so they sit with it)."""
+    if lane.rules is not None:
+        lane.rules.apply(row, lane.committed, lane.out_start)
     if lane.bias is not None:
         hs.apply_logit_bias(row, lane.bias)
     if penalized(c, lane):

@@ -108,6 +108,8 @@ def _check_admits(c: TickContext, plan: TickPlan, chk: Checked) -> None:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.logit_bias_handle != 0 and a.logit_bias_handle not in c.biases:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
+        if a.token_rules_handle != 0 and a.token_rules_handle not in c.rules:
+            raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.seed_handle != 0:
             _check_lease(c, a, prompt, seen_leases)
         if len(prompt) > desc.max_seq_len:

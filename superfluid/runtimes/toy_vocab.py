@@ -7,6 +7,7 @@ meet tokens longer than one character.
 
 from __future__ import annotations
 
+from ..tokenizer_api import TokenizerAPI
 from .base import Vocabulary
 
 EOS, BOS, TOOL = 0, 1, 2
@@ -33,7 +34,7 @@ def toy_vocabulary(vocab_size: int) -> Vocabulary:
     return Vocabulary(tokens=toy_pieces(vocab_size), eos=[EOS], specials=list(SPECIALS))
 
 
-class ToyTokenizer:
+class ToyTokenizer(TokenizerAPI):
     """Greedy longest-match over the toy pieces; the same interface as ``superfluid.tokenizer``."""
 
     chat_template = (
@@ -76,12 +77,6 @@ class ToyTokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         skip = self.special_ids if skip_special_tokens else set()
         return b"".join(self.token_bytes(t) for t in ids if t not in skip).decode("utf-8", errors="replace")
-
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        env = ImmutableSandboxedEnvironment()
-        return env.from_string(self.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt)
 
     def vocabulary(self) -> Vocabulary:
         return toy_vocabulary(self.vocab_size)

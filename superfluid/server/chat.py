@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
-from . import render
+from . import json_bounds, render
 from .errors import APIError
 from .messages import template_messages, total_chars
 from .protocol import ChatCompletionRequest, chat_params
@@ -28,11 +28,12 @@ def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, chec
         messages = template_messages(body.messages)
         has_format = params.grammar is not None
         plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, has_format)
+        add_generation_prompt, template = _template_args(body)
     except ParamError as e:
         raise APIError(400, str(e), e.param, "invalid_value") from None
     check_chars(total_chars(messages), "messages")
     try:
-        text = render_chat(tokenizer, messages, plan, body.add_generation_prompt)
+        text = render_chat(tokenizer, messages, plan, add_generation_prompt, **template)
     except Exception as e:  # a template that rejects the conversation (roles, order)
         raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
     if plan is not None and plan.constrained:
@@ -41,6 +42,30 @@ def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, chec
         except (RuntimeError, ValueError) as e:  # each schema compiled alone; their union did not
             raise APIError(400, f"the tools' schemas do not combine into one grammar: {e}", "tools", "invalid_value") from None
     return text, plan, params
+
+
+_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message", "tokenize",
+                       "chat_template"})
+
+
+def _template_args(body: ChatCompletionRequest) -> tuple[bool, dict]:
+    """add_generation_prompt and what else the template is given: only what the request
+    set, so a tokenizer without vLLM's template arguments (the toy's) serves the rest."""
+    given = body.model_fields_set
+    # the request's own fields say these (a template from the request is not accepted)
+    kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED}
+    json_bounds.check_nesting(kwargs, "chat_template_kwargs")
+    add = body.add_generation_prompt
+    if body.continue_final_message:
+        if "add_generation_prompt" in given and add:
+            raise ParamError("continue_final_message and add_generation_prompt cannot both be true",
+                             "continue_final_message")
+        if not body.messages or body.messages[-1].role != "assistant":
+            raise ParamError("continue_final_message needs the last message to be the assistant's",
+                             "continue_final_message")
+        add = False
+        kwargs["continue_final_message"] = True
+    return add, kwargs
 
 
 def message(c: render.Choice, plan: ToolPlan | None) -> tuple[dict, str | None]:
@@ -125,7 +150,7 @@ def _entry(idx: int, delta: dict, finish: str | None = None, logprobs: dict | No
 def install(app: FastAPI, serving: Serving) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
-        serving.check_model(body.model)
+        serving.check_body(body, "/v1/chat/completions")
         # the template, the tool grammar and the tokenizer run off the event loop: a long
         # conversation never stalls other streams
         ids, plan, params = await run_in_threadpool(tokenized, body, serving)
@@ -137,6 +162,7 @@ def tokenized(body: ChatCompletionRequest, serving: Serving) -> tuple[list[int],
     """The prompt's token ids, the tool plan and the validated params; APIError for a bad request."""
     params = translated(chat_params, body)
     text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars)
-    ids = serving.tokenizer.encode(text, add_special_tokens=False)
-    serving.validate(ids, params)
+    ids = serving.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    serving.validate(ids, params, asked, "messages")
     return ids, plan, params

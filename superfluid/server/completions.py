@@ -80,7 +80,7 @@ class CompletionShape:
 def install(app: FastAPI, serving: Serving) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        serving.check_model(body.model)
+        serving.check_body(body, "/v1/completions")
         # tokenising (and FIM, echo text) off the event loop: a long prompt never stalls other streams
         params, prompts, shape = await run_in_threadpool(prepare, body, serving)
         return await serving.answer(request, body, "cmpl", prompts, params, shape)
@@ -102,7 +102,7 @@ def prepare(body: CompletionRequest, serving: Serving) -> tuple[SamplingParams, 
     score_only = body.echo and body.max_tokens == 0
     if score_only:
         params = params.with_(max_tokens=1)
-    prompts, echoes = _tokenized(raw, params, serving, body.echo, body.add_special_tokens)
+    prompts, echoes = _tokenized(raw, params, serving, body.echo, body.add_special_tokens, body.max_tokens)
     # a streamed request never ranks (best_of > n is a 400), so there the engine's
     # logprobs are the client's
     shape = CompletionShape(serving.tokenizer, params.logprobs or 0, body.logprobs is not None, extras, len(prompts),
@@ -110,17 +110,18 @@ def prepare(body: CompletionRequest, serving: Serving) -> tuple[SamplingParams, 
     return params, prompts, shape
 
 
-def _tokenized(raw: list, params: SamplingParams, serving: Serving, echo: bool, special: bool
-               ) -> tuple[list[list[int]], list[Echo]]:
+def _tokenized(raw: list, params: SamplingParams, serving: Serving, echo: bool, special: bool,
+               asked: int | None) -> tuple[list[list[int]], list[Echo]]:
     """Text prompts tokenized with the file's BOS where it asks for one (``special``: the
-    request's add_special_tokens, default true as in vLLM and llama-server); token ids as sent."""
+    request's add_special_tokens, default true as in vLLM and llama-server); token ids as sent.
+    ``asked``: the request's max_tokens, checked with each prompt against the context."""
     tokenizer = serving.tokenizer
     prompts, echoes = [], []
     for p in raw:
         if isinstance(p, str):
             serving.check_chars(len(p), "prompt")
         ids = tokenizer.encode(p, add_special_tokens=special) if isinstance(p, str) else list(p)
-        serving.validate(ids, params)
+        serving.validate(ids, params, asked or None)  # 0 (score-only) generates one token, which always fits
         prompts.append(ids)
         if echo:
             echoes.append(Echo(p if isinstance(p, str) else tokenizer.decode(ids, skip_special_tokens=False), ids))

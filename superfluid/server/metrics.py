@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.outputs import Delta
+from .ignored_fields import IgnoredFields
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
 _ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
@@ -37,6 +38,8 @@ class Metrics:
             "superfluid_e2e_request_latency_seconds", "Request latency, submit to finish", buckets=_E2E_BUCKETS, registry=r
         )
         self.rejected = Counter("superfluid_rejected_requests", "Requests refused before running", ["reason"], registry=r)
+        self.ignored = IgnoredFields(Counter("superfluid_ignored_request_fields",
+                                             "Request fields accepted and ignored, per name", ["field"], registry=r))
         if scheduler is not None:
             r.register(_SchedulerCollector(scheduler))
 

@@ -14,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..abi import MAX_TOP_LOGPROBS
 from ..engine.params import (
-    INT32_MAX, MAX_LOGIT_BIAS, MAX_N_CAP, MAX_STOP_TOKEN_IDS, MAX_TOKENS_CAP, MAX_TOP_K, PRIORITY_MAX, PRIORITY_MIN,
-    SEED_MAX, SEED_MIN, GrammarSpec, ParamError, SamplingParams,
+    INT32_MAX, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORD_CHARS, MAX_BAD_WORDS, MAX_LOGIT_BIAS, MAX_N_CAP,
+    MAX_STOP_TOKEN_IDS, MAX_TOKENS_CAP, MAX_TOP_K, PRIORITY_MAX, PRIORITY_MIN, SEED_MAX, SEED_MIN, ParamError,
+    SamplingParams,
 )
-from . import json_bounds
+from . import structured
+from .structured import Choices, GrammarText, StructuredOutputs
 from .tool_models import AssistantToolCall, Tool, ToolChoice
 
 
@@ -38,6 +40,7 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 class StreamOptions(_Lenient):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: every chunk carries the usage so far
 
 
 class JsonSchemaFormat(_Lenient):
@@ -79,8 +82,15 @@ class _Sampling(_Lenient):
     stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    guided_regex: str | None = None
+    guided_regex: GrammarText | None = None
     guided_json: dict[str, Any] | str | None = None
+    guided_choice: Choices | None = None
+    guided_grammar: GrammarText | None = None
+    structured_outputs: StructuredOutputs | None = None
+    min_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS_CAP)
+    bad_words: Annotated[list[Annotated[str, Field(max_length=MAX_BAD_WORD_CHARS)]],
+                         Field(max_length=MAX_BAD_WORDS)] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
     priority: int = Field(default=0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     # extension: a wall-clock deadline, seconds (finite: NaN and infinity are refused)
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
@@ -117,6 +127,9 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM: the last (assistant) message is continued, not closed
+    add_special_tokens: bool = False  # vLLM: the tokenizer's special tokens (BOS) on top of the template's
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -124,25 +137,6 @@ class ChatCompletionRequest(_Sampling):
 
 
 # ------------------------------------------------------------------ translation
-
-
-def _grammar(req: _Sampling) -> GrammarSpec | None:
-    rf = req.response_format
-    if req.guided_regex is not None:
-        return GrammarSpec("regex", req.guided_regex, "guided_regex")
-    if req.guided_json is not None:
-        return GrammarSpec("json_schema", json_bounds.schema_text(req.guided_json, "guided_json"), "guided_json")
-    if rf is None or rf.type == "text":
-        return None
-    if rf.type == "json_object":
-        return GrammarSpec("json_object", "")
-    if rf.type == "regex":
-        if not rf.regex:
-            raise ParamError("response_format of type regex needs a 'regex'", "response_format")
-        return GrammarSpec("regex", rf.regex)
-    if rf.json_schema is None or rf.json_schema.schema_ is None:
-        raise ParamError("response_format of type json_schema needs 'json_schema.schema'", "response_format")
-    return GrammarSpec("json_schema", json_bounds.schema_text(rf.json_schema.schema_, "response_format"))
 
 
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
@@ -174,7 +168,10 @@ def _common(req: _Sampling, max_tokens: int | None, logprobs: int | None, defaul
         seed=req.seed,
         logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias),
-        grammar=_grammar(req),
+        grammar=structured.grammar(req),
+        min_tokens=req.min_tokens,
+        bad_words=tuple(req.bad_words or ()),
+        allowed_token_ids=None if req.allowed_token_ids is None else tuple(req.allowed_token_ids),
         skip_special_tokens=req.skip_special_tokens,
         priority=req.priority,
         prompt_cache_key=req.prompt_cache_key,

@@ -154,16 +154,34 @@ def _raise_failed(c: Choice, seconds: float | None) -> None:
 # ------------------------------------------------------------------ streamed
 
 
-async def events(reply: Reply, shape: Shape, include_usage: bool) -> AsyncIterator[str]:
+@dataclass
+class RunningUsage:
+    """vLLM's continuous_usage_stats: the usage so far, on every chunk. A choice counts
+    its visible tokens as they stream, then its final count (a stop string may cut it)."""
+
+    prompt_tokens: int
+    so_far: dict[int, int]
+
+    def add(self, idx: int, d: Delta) -> None:
+        done = d.finish_reason is not None
+        self.so_far[idx] = d.completion_tokens if done else self.so_far.get(idx, 0) + len(d.token_ids)
+
+    def body(self) -> dict:
+        n = sum(self.so_far.values())
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+
+
+async def events(reply: Reply, shape: Shape, include_usage: bool,
+                 running: RunningUsage | None = None) -> AsyncIterator[str]:
     """The SSE events of one response (stream_hub.py records and serves them); closing it
-    (no client came back) aborts the streams."""
+    (no client came back) aborts the streams. ``running``: every chunk carries the usage so far."""
     usage = Usage()
     head = reply.head(shape.chunk_object)
 
     def chunk(entry: dict) -> str:
         c = dict(head, choices=[entry])
-        if include_usage:  # every chunk names usage (null) when the last one carries it
-            c["usage"] = None
+        if include_usage:  # every chunk names usage (null unless continuous) when the last one carries it
+            c["usage"] = running.body() if running is not None else None
         return sse(c)
 
     for entry in shape.opening(reply.n_choices):
@@ -173,6 +191,8 @@ async def events(reply: Reply, shape: Shape, include_usage: bool) -> AsyncIterat
             yield error_event(d)
             continue
         d = shape.visible(d)
+        if running is not None:
+            running.add(idx, d)
         for entry in shape.entries(idx, d):
             yield chunk(entry)
         if d.finish_reason is not None:

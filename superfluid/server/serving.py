@@ -22,7 +22,7 @@ from ..engine.params import ParamError, SamplingParams
 from .deadline import deadline_s
 from .errors import APIError
 from .metrics import Metrics
-from .responder import Reply, Shape, events, whole
+from .responder import Reply, RunningUsage, Shape, events, whole
 from .stream_hub import StreamHub
 
 
@@ -57,6 +57,11 @@ class Serving:
     def tokenizer(self):
         return self.core.tokenizer
 
+    def check_body(self, body, endpoint: str) -> None:
+        """The model is the one served; the fields it ignores are logged and counted."""
+        self.check_model(body.model)
+        self.metrics.ignored.note(body, endpoint)
+
     def check_model(self, requested: str) -> None:
         if requested != self.name:
             raise APIError(404, f"The model `{requested}` does not exist.", "model", "model_not_found")
@@ -67,7 +72,21 @@ class Serving:
             raise APIError(400, f"the {param} has {n} characters; at most {self.max_chars} are accepted", param,
                            "context_length_exceeded")
 
-    def validate(self, ids: list[int], params: SamplingParams) -> None:
+    def validate(self, ids: list[int], params: SamplingParams, requested: int | None = None,
+                 param: str = "prompt") -> None:
+        """``requested``: the max_tokens the client gave (None: the rest of the context,
+        or the endpoint's default, clamped to it, as vLLM does). Past the context it is a
+        400 in vLLM's words, not a silent clamp; ``param`` names the prompt's field."""
+        limit = self.core.max_seq_len
+        if len(ids) >= limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your request has "
+                           f"{len(ids)} input tokens. Please reduce the length of the {param}.", param,
+                           "context_length_exceeded")
+        if requested is not None and len(ids) + requested > limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                           f"{len(ids) + requested} tokens ({len(ids)} in the {param}, {requested} in the "
+                           f"completion). Please reduce the length of the {param} or completion.", param,
+                           "context_length_exceeded")
         with invalid_params():
             self.core.validate(ids, params)
 
@@ -102,6 +121,10 @@ class Serving:
         streams = await self.submit(rid, prompts, params, body.prompt_cache_key)
         reply = Reply(rid, created, self.name, streams, params.n, deadline_s(body.timeout, self.request_timeout))
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return self.streams.record(rid, request.url.path, events(reply, shape, include_usage), keep_running=False)
+            opts = body.stream_options
+            include_usage = bool(opts and opts.include_usage)
+            # vLLM: continuous_usage_stats counts only with include_usage
+            running = RunningUsage(sum(map(len, prompts)), {}) if include_usage and opts.continuous_usage_stats else None
+            return self.streams.record(rid, request.url.path, events(reply, shape, include_usage, running),
+                                       keep_running=False)
         return await whole(request, reply, shape)

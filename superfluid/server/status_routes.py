@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from .errors import APIError
 from .metrics import Metrics
 from .serving import Serving
 
@@ -31,20 +32,20 @@ def install(app: FastAPI, serving: Serving) -> None:
                 body["replicas"] = worker["replicas"]
         return JSONResponse(body, status_code=503 if status == "error" else 200)
 
+    def model_object() -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "superfluid",
+                "max_model_len": core.max_seq_len}
+
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "superfluid",
-                    "max_model_len": core.max_seq_len,
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_object()]}
+
+    # the openai client's models.retrieve; an id with a slash (org/model) is one id
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != name:
+            raise APIError(404, f"The model `{model_id}` does not exist.", "model", "model_not_found")
+        return model_object()
 
 
 def install_metrics(app: FastAPI, metrics: Metrics) -> None:

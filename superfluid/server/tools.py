@@ -150,12 +150,14 @@ def has_tool_syntax(template: str | None) -> bool:
     return bool(template) and "tools" in template
 
 
-def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_generation_prompt: bool) -> str:
-    """The prompt text: the template's own tool syntax where it has one, else the fallback."""
+def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_generation_prompt: bool,
+                **template) -> str:
+    """The prompt text: the template's own tool syntax where it has one, else the fallback.
+    ``template``: more of apply_chat_template's arguments (continue_final_message, variables)."""
     show = plan is not None and plan.mode != "none"
     if has_tool_syntax(getattr(tokenizer, "chat_template", None)):
         extra = {"tools": plan.prompt_tools()} if show else {}
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **template, **extra)
     msgs = [_fallback_turn(m) for m in messages]
     if show:
         intro = fallback_system_text(plan)
@@ -163,7 +165,7 @@ def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_gene
             msgs[0] = dict(msgs[0], content=f"{msgs[0]['content']}\n\n{intro}" if msgs[0]["content"] else intro)
         else:
             msgs.insert(0, {"role": "system", "content": intro})
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt)
+    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **template)
 
 
 def fallback_system_text(plan: ToolPlan) -> str:

@@ -94,6 +94,8 @@ OPS: tuple[Op, ...] = (
     _op(_EX, "adopt", LeaseHandle, decode_args=_adopt_args),
     _op(_EX, "register_logit_bias", int),
     _op(_EX, "release_logit_bias", None),
+    _op(_EX, "register_token_rules", int),
+    _op(_EX, "release_token_rules", None),
     _op(_EX, "compile_grammar", int),
     _op(_EX, "grammar_states", list[tuple[int, str]]),
     _op(_EX, "release_grammar", None),

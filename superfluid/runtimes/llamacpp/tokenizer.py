@@ -17,7 +17,8 @@ from pathlib import Path
 import llama_cpp as L
 
 from ...models import ModelLoadError
-from ...tokenizer import PRE_SPLITS, Tokenizer, _compile
+from ...tokenizer import PRE_SPLITS, Tokenizer
+from ...tokenizer_api import TokenizerAPI
 from ..base import Vocabulary
 from .lib import init_backend, recent_errors
 
@@ -46,7 +47,7 @@ def gguf_tokenizer(path: Path):
     return Tokenizer.from_gguf(path) if ours_can(path) else LlamaCppTokenizer(path)
 
 
-class LlamaCppTokenizer:
+class LlamaCppTokenizer(TokenizerAPI):
     byte_level = False
 
     def __init__(self, path: Path):
@@ -124,12 +125,8 @@ class LlamaCppTokenizer:
         specials = sorted((self._text(i), i) for i in self.special_ids)
         return Vocabulary(tokens=tokens, eos=list(self.eos_ids), specials=specials)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra) -> str:
-        if not self.chat_template:
-            raise ValueError("this model has no chat template")
-        return _compile(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token, eos_token=self.eos_token, **extra)
+    def token_text(self, token_id: int) -> str:
+        return self._text(token_id)
 
     def __del__(self):
         try:
