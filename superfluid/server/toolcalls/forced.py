@@ -56,9 +56,10 @@ class ForcedReader:
         out: list[tuple] = []
         while text:
             if self._json is None:
-                self._seek = (self._seek + text)[-_SEEK_LIMIT:]
+                self._seek += text
                 m = _HEAD.search(self._seek)
                 if m is None or m.end() == len(self._seek):  # the head may still grow
+                    self._seek = self._seek[-_SEEK_LIMIT:]
                     break
                 out.append(("call", json.loads(f'"{m.group(1)}"')))
                 text, self._seek, self._json = self._seek[m.end():], "", JsonEnd()
