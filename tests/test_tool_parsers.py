@@ -206,6 +206,38 @@ def test_a_forced_call_the_ceiling_cuts_short_is_dropped():
     assert finish_reason(s, "length") == "length"
 
 
+@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral"])
+def test_forced_calls_through_the_app_in_each_framing(family):
+    """``create_app(tool_call_parser=...)`` (``--tool-call-parser``): the toy model writes
+    under the family's grammar, the family's stream reads it, whole and streamed."""
+    from fastapi.testclient import TestClient
+
+    from superfluid.engine.async_engine import AsyncEngine
+    from superfluid.engine.config import EngineConfig
+    from superfluid.engine.loader import build_engine
+    from superfluid.server.openai import create_app
+
+    engine = build_engine(EngineConfig(runtime="toy", model="toy", runtime_extra=(("max_seq_len", 4096), ("n_cells", 16384))))
+    body = {"model": "toy", "messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER, ADD],
+            "tool_choice": "required", "temperature": 1.0, "seed": 3, "max_tokens": 400}
+    with TestClient(create_app(AsyncEngine(engine), tool_call_parser=family, web_ui=False)) as c:
+        r = c.post("/v1/chat/completions", json=body).json()
+        choice = r["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        calls = [(t["function"]["name"], t["function"]["arguments"]) for t in choice["message"]["tool_calls"]]
+        for name, args in calls:
+            assert name in ("get_weather", "add") and isinstance(json.loads(args), dict)
+        raw = c.post("/v1/chat/completions", json=dict(body, stream=True)).text
+    streamed: dict[int, list[str]] = {}
+    for line in raw.splitlines():
+        if line.startswith("data: {"):
+            for tc in json.loads(line[6:])["choices"][0]["delta"].get("tool_calls") or []:
+                e = streamed.setdefault(tc["index"], ["", ""])
+                e[0] = tc["function"].get("name") or e[0]
+                e[1] += tc["function"]["arguments"]
+    assert [tuple(e) for _, e in sorted(streamed.items())] == calls
+
+
 # ------------------------------------------------------------------ which parser
 
 
