@@ -84,7 +84,7 @@ class AutoStream(_Calls):
         self._started = False  # content other than whitespace went out before any call
 
     def push(self, text: str) -> list[dict]:
-        return self._deltas(self.parser.feed(text, final=False)) if text else []
+        return self._deltas([it for piece in _slices(text) for it in self.parser.feed(piece, final=False)])
 
     def finish(self) -> list[dict]:
         out = self._deltas(self.parser.feed("", final=True))
@@ -124,12 +124,17 @@ class AutoStream(_Calls):
 
 
 def _merged(out: list[dict]) -> list[dict]:
-    """Adjacent content deltas as one."""
+    """Adjacent content deltas as one (joined once: a push may hold many pieces)."""
     merged: list[dict] = []
-    for d in out:
-        if merged and "content" in d and "content" in merged[-1]:
-            merged[-1] = {"content": merged[-1]["content"] + d["content"]}
-        else:
+    run: list[str] = []
+    for d in out + [{}]:
+        if "content" in d:
+            run.append(d["content"])
+            continue
+        if run:
+            merged.append({"content": "".join(run)})
+            run = []
+        if d:
             merged.append(d)
     return merged
 
@@ -144,7 +149,7 @@ class ForcedStream(_Calls):
 
     def push(self, text: str) -> list[dict]:
         out: list[dict] = []
-        for ev in self.reader.feed(text) if text else []:
+        for ev in (ev for piece in _slices(text) for ev in self.reader.feed(piece)):
             if ev[0] == "call":
                 if not self.sent:
                     self.announce(ev[1], out)
@@ -166,6 +171,12 @@ class ForcedStream(_Calls):
     def finish(self) -> list[dict]:
         self._held = None  # cut short by the ceiling: never sent, dropped
         return []
+
+
+def _slices(text: str, size: int = 4096) -> list[str]:
+    """A long text in pieces: the parsers slice what follows a region off what they were
+    given, so one push of a whole response would cost its length per region."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
 
 
 def open_stream(plan: ToolPlan) -> AutoStream | ForcedStream:
