@@ -8,6 +8,7 @@ import sys
 
 from .engine.config import EngineConfig, SchedulerConfig
 from .models import DEFAULT_MODEL
+from .server.toolcalls.registry import PARSERS as TOOL_PARSERS
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -262,6 +263,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-request-tokens", type=int, default=1 << 17, help="the most n x max_tokens a request may ask for")
     _exposure_args(s)
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    s.add_argument("--tool-call-parser", default="auto", choices=["auto", *TOOL_PARSERS],
+                   help="how the model writes tool calls (default auto: read from its chat template)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")
     s.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at / (the API is the same)")

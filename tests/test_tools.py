@@ -1,9 +1,9 @@
-"""Tool calling without a model: the plan's checks, the fallback prompt, the call parser."""
+"""Tool calling without a model: the plan's checks, the tool grammar in each family's
+framing, the fallback prompt. The parsers: test_tool_parsers.py."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import xgrammar as xgr
@@ -12,7 +12,6 @@ from superfluid.engine.params import ParamError
 from superfluid.server.messages import template_messages
 from superfluid.server.protocol import ChatCompletionRequest
 from superfluid.server.tool_models import NamedToolChoice, Tool
-from superfluid.server.tool_parser import ToolCallStream, whole
 from superfluid.server.tools import plan_tools, render_chat
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -24,71 +23,6 @@ ADD = {"type": "function", "function": {"name": "add", "parameters": {
 def tools(*ts):
     return [Tool.model_validate(t) for t in ts]
 
-
-def replay(stream: ToolCallStream, text: str, cuts: list[int]) -> tuple[str, dict]:
-    """Feed text in pieces; reassemble content and calls from the deltas."""
-    deltas, prev = [], 0
-    for c in sorted(cuts) + [len(text)]:
-        deltas += stream.push(text[prev:c])
-        prev = c
-    deltas += stream.finish()
-    content, calls = "", {}
-    for d in deltas:
-        content += d.get("content", "")
-        for tc in d.get("tool_calls", []):
-            e = calls.setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
-            if "id" in tc:
-                assert e["id"] is None, "a call is announced once"
-                e["id"], e["name"] = tc["id"], tc["function"]["name"]
-            e["arguments"] += tc["function"]["arguments"]
-    return content, calls
-
-
-@pytest.mark.parametrize("eager", [True, False])
-def test_streamed_deltas_reassemble_to_the_whole_answer(eager):
-    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
-    names = frozenset({"get_weather", "add"})
-    content, calls, complete = whole(names, eager, text)
-    assert complete and content == "Let me check.\n"
-    assert [c["function"]["name"] for c in calls] == ["get_weather", "add"]
-    assert json.loads(calls[0]["function"]["arguments"]) == {"city": 'Pa"ris {x}'}
-    rng = random.Random(0)
-    for _ in range(200):
-        cuts = rng.sample(range(1, len(text)), rng.randint(0, 12))
-        got_content, got = replay(ToolCallStream(names, eager), text, cuts)
-        assert got_content == "Let me check.\n"
-        assert [(g["name"], g["arguments"]) for g in got.values()] == [
-            (c["function"]["name"], c["function"]["arguments"]) for c in calls]
-
-
-def test_eager_arguments_stream_before_the_block_closes():
-    s = ToolCallStream(frozenset({"add"}), eager=True)
-    out = s.push('<tool_call>\n{"name": "add", "arguments": {"a": 1')
-    assert out[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": ""}
-    assert out[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1'
-    out = s.push(', "b": 2}}\n</tool_call>')
-    assert out == [{"tool_calls": [{"index": 0, "function": {"arguments": ', "b": 2}'}}]}]
-    assert s.finish() == [] and s.complete_calls
-
-
-def test_auto_keeps_what_is_not_a_call_as_content():
-    names = frozenset({"add"})
-    assert whole(names, False, "no tools here") == ("no tools here", [], False)
-    bad = 'x <tool_call>{"name": "nope", "arguments": {}}</tool_call>'
-    assert whole(names, False, bad) == (bad, [], False)
-    broken = '<tool_call>{"name": "add", "arguments": {"a": </tool_call> tail'
-    assert whole(names, False, broken)[0] == broken
-    # the held-back prefix of a block comes out at the end when it never became one
-    s = ToolCallStream(names, False)
-    assert s.push("a <tool_") == [{"content": "a "}]
-    assert s.finish() == [{"content": "<tool_"}]
-
-
-def test_arguments_as_a_string_are_parsed_in_auto_mode():
-    text = '<tool_call>{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}</tool_call>'
-    _, calls, complete = whole(frozenset({"add"}), False, text)
-    assert complete and json.loads(calls[0]["function"]["arguments"]) == {"a": 1, "b": 2}
 
 
 def test_plan_checks_name_the_parameter():
@@ -113,27 +47,53 @@ def test_plan_checks_name_the_parameter():
     assert plan_tools(None, "auto", True, False) is None
 
 
-@pytest.mark.parametrize("choice,parallel", [("required", True), ("required", False), ("named", True)])
-def test_the_grammar_admits_calls_only(choice, parallel):
-    tc = NamedToolChoice.model_validate({"function": {"name": "add"}}) if choice == "named" else choice
-    plan = plan_tools(tools(WEATHER, ADD), tc, parallel, False)
-    g = plan.grammar()
-    assert g.kind == "ebnf"
-    grammar = xgr.Grammar.from_ebnf(g.source)
+CALLS = {  # one call of add, and one of get_weather, as each framing writes them
+    "hermes": ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+               '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>', "\n", "", ""),
+    "llama3_json": ('{"name": "add", "parameters": {"a": 1, "b": 2}}',
+                    '{"name": "get_weather", "parameters": {"city": "Rome"}}', "; ", "", ""),
+    "mistral": ('{"name": "add", "arguments": {"a": 1, "b": 2}}',
+                '{"name": "get_weather", "arguments": {"city": "Rome"}}', ", ", "[TOOL_CALLS][", "]"),
+}
+CALLS["qwen3_coder"] = CALLS["pythonic"] = CALLS["hermes"]  # families whose calls are not JSON: Hermes' framing
+
+
+def _matcher(plan):
+    grammar = xgr.Grammar.from_ebnf(plan.grammar().source)
     info = xgr.TokenizerInfo([bytes([i]) for i in range(256)])
-    compiled = xgr.GrammarCompiler(info).compile_grammar(grammar)
+    return xgr.GrammarCompiler(info).compile_grammar(grammar)
+
+
+@pytest.mark.parametrize("syntax", list(CALLS))
+@pytest.mark.parametrize("choice,parallel", [("required", True), ("required", False), ("named", True)])
+def test_the_grammar_admits_calls_only(choice, parallel, syntax):
+    tc = NamedToolChoice.model_validate({"function": {"name": "add"}}) if choice == "named" else choice
+    plan = plan_tools(tools(WEATHER, ADD), tc, parallel, False, syntax)
+    assert plan.grammar().kind == "ebnf"
+    compiled = _matcher(plan)
+    call_add, call_w, sep, start, end = CALLS[syntax]
 
     def accepts(text: str) -> bool:
         m = xgr.GrammarMatcher(compiled)
         return all(m.accept_token(b) for b in text.encode()) and m.is_completed()
 
-    call_add = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-    call_w = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
-    assert accepts(call_add)
-    assert accepts(call_w) == (choice == "required")
-    assert accepts(call_add + "\n" + call_add) == (choice == "required" and parallel)
-    assert not accepts('<tool_call>\n{"name": "add", "arguments": {"a": "one", "b": 2}}\n</tool_call>')
+    assert accepts(start + call_add + end)
+    assert accepts(start + call_w + end) == (choice == "required")
+    assert accepts(start + call_add + sep + call_add + end) == (choice == "required" and parallel)
+    assert not accepts(start + call_add.replace("1", '"one"') + end)
     assert not accepts("hello")
+
+
+@pytest.mark.parametrize("syntax", list(CALLS))
+def test_one_call_ends_the_output(syntax):
+    """A named call (or parallel_tool_calls false) ends with its call: the grammar then
+    admits nothing but the end, so the model's end-of-text is forced, not max_tokens."""
+    plan = plan_tools(tools(WEATHER, ADD), "required", False, False, syntax)
+    call_add, _, sep, start, end = CALLS[syntax]
+    m = xgr.GrammarMatcher(_matcher(plan))
+    assert all(m.accept_token(b) for b in (start + call_add + end).encode())
+    assert m.is_completed()
+    assert not any(m.accept_token(b) for b in (sep or " ").encode()[:1])
 
 
 class _Tok:

@@ -16,18 +16,21 @@ from .errors import APIError
 from .messages import template_messages, total_chars
 from .protocol import ChatCompletionRequest, chat_params
 from .serving import Serving, translated
-from .tool_parser import ToolCallStream, whole
+from .tool_parser import AutoStream, ForcedStream, finish_reason, open_stream
+from .toolcalls.registry import ToolSyntax
 from .tools import ToolPlan, plan_tools, render_chat
 
 
-def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, check_chars) -> tuple[str, ToolPlan | None, SamplingParams]:
-    """The prompt text, the tool plan, and the params with a tool grammar where one applies."""
+def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, check_chars,
+            syntax: ToolSyntax = ToolSyntax()) -> tuple[str, ToolPlan | None, SamplingParams]:
+    """The prompt text, the tool plan, and the params with a tool grammar where one applies
+    (and special tokens kept where the family's markers are special tokens)."""
     if not body.messages:
         raise APIError(400, "messages must not be empty", "messages", "invalid_value")
     try:
         messages = template_messages(body.messages)
         has_format = params.grammar is not None
-        plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, has_format)
+        plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, has_format, syntax.family)
         add_generation_prompt, template = _template_args(body)
     except ParamError as e:
         raise APIError(400, str(e), e.param, "invalid_value") from None
@@ -41,6 +44,8 @@ def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, chec
             params = params.with_(grammar=plan.grammar())
         except (RuntimeError, ValueError) as e:  # each schema compiled alone; their union did not
             raise APIError(400, f"the tools' schemas do not combine into one grammar: {e}", "tools", "invalid_value") from None
+    if plan is not None and plan.parses and syntax.keep_specials:
+        params = params.with_(skip_special_tokens=False)
     return text, plan, params
 
 
@@ -73,13 +78,12 @@ def message(c: render.Choice, plan: ToolPlan | None) -> tuple[dict, str | None]:
     reason = render.finish_reason(c.finish_reason)
     if plan is None or not plan.parses:
         return {"role": "assistant", "content": c.text}, reason
-    content, calls, complete = whole(plan.names, plan.constrained, c.text)
-    msg: dict = {"role": "assistant", "content": content}
-    if calls:
-        msg["tool_calls"] = calls
-        if complete and reason == "stop":
-            reason = "tool_calls"
-    return msg, reason
+    s = open_stream(plan)
+    content = "".join(d.get("content", "") for d in s.push(c.text) + s.finish())
+    msg: dict = {"role": "assistant", "content": content or None}
+    if s.sent:
+        msg["tool_calls"] = s.calls
+    return msg, finish_reason(s, reason)
 
 
 @dataclass
@@ -93,7 +97,7 @@ class ChatShape:
     tokenizer: Any
     logprobs: int | None  # top logprobs per token; None: no logprobs shown
     plan: ToolPlan | None
-    parsers: dict[int, ToolCallStream] = field(default_factory=dict)  # choice -> its calls so far
+    parsers: dict[int, AutoStream | ForcedStream] = field(default_factory=dict)  # choice -> its calls so far
 
     def opening(self, n_choices: int) -> Iterator[dict]:
         for idx in range(n_choices):
@@ -121,15 +125,14 @@ class ChatShape:
             if p is not None:
                 for delta in p.finish():
                     yield _entry(idx, delta)
-                if p.complete_calls and reason == "stop":
-                    reason = "tool_calls"
+                reason = finish_reason(p, reason)
             yield _entry(idx, {}, finish=reason)
 
-    def _parser(self, idx: int) -> ToolCallStream | None:
+    def _parser(self, idx: int) -> AutoStream | ForcedStream | None:
         if self.plan is None or not self.plan.parses:
             return None
         if idx not in self.parsers:
-            self.parsers[idx] = ToolCallStream(self.plan.names, self.plan.constrained)
+            self.parsers[idx] = open_stream(self.plan)
         return self.parsers[idx]
 
     def shown(self, choices: list[render.Choice], usage: render.Usage) -> list[render.Choice]:
@@ -161,7 +164,7 @@ def install(app: FastAPI, serving: Serving) -> None:
 def tokenized(body: ChatCompletionRequest, serving: Serving) -> tuple[list[int], ToolPlan | None, SamplingParams]:
     """The prompt's token ids, the tool plan and the validated params; APIError for a bad request."""
     params = translated(chat_params, body)
-    text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars)
+    text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars, serving.tool_syntax)
     ids = serving.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     serving.validate(ids, params, asked, "messages")

@@ -24,6 +24,7 @@ from .errors import APIError
 from .metrics import Metrics
 from .responder import Reply, RunningUsage, Shape, events, whole
 from .stream_hub import StreamHub
+from .toolcalls.registry import ToolSyntax
 
 
 @contextlib.contextmanager
@@ -48,6 +49,7 @@ class Serving:
     max_chars: int  # a prompt's character cap, checked before any tokenizer work
     request_timeout: float  # the server's deadline cap; 0: none
     streams: StreamHub = field(default_factory=StreamHub)  # every stream, resumable
+    tool_syntax: ToolSyntax = ToolSyntax()  # how the model writes tool calls (--tool-call-parser)
 
     @property
     def core(self):

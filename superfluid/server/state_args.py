@@ -47,4 +47,4 @@ def app_kwargs(args: argparse.Namespace) -> dict:
                         max_age_s=args.responses_max_age)
     streams = StreamConfig(retention_s=args.stream_retention, grace_s=args.stream_grace,
                            max_streams=args.stream_max_retained, max_bytes=int(args.stream_max_mb * (1 << 20)))
-    return {"store": store, "streams": streams}
+    return {"store": store, "streams": streams, "tool_call_parser": args.tool_call_parser}

@@ -1,195 +1,199 @@
 """Tool calls out of generated text, as OpenAI deltas — streamed or whole.
 
-``ToolCallStream.push(text)`` takes a choice's next text and answers the deltas it
-makes final: ``{"content": ...}`` and ``{"tool_calls": [...]}`` in OpenAI's streaming
-shape (the first delta of call k has ``index``, ``id``, ``type``, ``function.name`` and
-empty arguments; later ones carry argument fragments). A whole response runs the very
-same stream over the whole text (``whole``), so a streamed response reassembles to the
-non-streamed one by construction.
+``open_stream(plan)`` gives a choice's stream: ``push(text)`` takes the choice's next
+text and answers the deltas it makes final: ``{"content": ...}`` and
+``{"tool_calls": [...]}`` in OpenAI's streaming shape (the first delta of call k has
+``index``, ``id``, ``type``, ``function.name`` and empty arguments; later ones carry
+argument fragments). A whole response runs the very same stream over the whole text
+(``whole``), so a streamed response reassembles to the non-streamed one by construction.
 
-Invariants:
-- What went out is never taken back: content text that could still begin a call block
-  (a prefix of ``<tool_call>``) is held back; an argument fragment is a slice of the
-  call's argument text, which only grows.
-- ``eager`` (output written under the tool grammar): a call is announced as soon as its
-  name is complete and its arguments stream as they are written — the grammar makes
-  them parse. Otherwise (``auto``: free text) a block becomes a call only once it is
-  closed and parses as ``{"name": <a tool>, "arguments": <object>}``; a block that does
-  not is content, as the model wrote it.
+Two streams:
+- ``AutoStream`` (``auto``: free text): the family's parser (toolcalls/) finds call
+  regions; a region becomes calls once it has ended and every call in it is a call of a
+  listed tool whose arguments follow its schema (toolcalls/validate.py); else it is content,
+  as the model wrote it. With ``parallel_tool_calls: false`` only the first call is kept.
+- ``ForcedStream`` (written under the tool grammar): call 0 is announced as soon as its
+  name is whole and its arguments stream as they are written — the grammar makes them
+  parse and validate. A later call goes out once it is complete, so that a call the
+  ``max_tokens`` ceiling cuts short never went out: it is dropped, and the calls before it
+  are the answer (``finish_reason`` ``tool_calls``).
+
+Invariants: what went out is never taken back (content that could still begin a call is
+held back by the parser; an argument fragment only extends its call's arguments). Work per
+push is proportional to the new text. Whitespace-only content before the first call,
+between calls or after the last is not content (the lines that separate blocks).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .tools import CLOSE, OPEN
-
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+from .toolcalls.forced import ForcedReader
+from .toolcalls.registry import PARSERS
+from .toolcalls.scan import Found
+from .toolcalls.validate import ToolSchemas
+from .tools import ToolPlan
 
 
 @dataclass
 class _Call:
     id: str
     name: str
-    args: str  # the argument text so far
-    complete: bool
+    args: list[str] = field(default_factory=list)  # the argument text, in the pieces it came in
+    complete: bool = False
 
 
-def _args_end(text: str) -> int | None:
-    """Where the JSON value at the start of ``text`` ends, or None if it has not yet."""
-    depth, in_str, esc = 0, False, False
-    for i, ch in enumerate(text):
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-                if depth == 0:
-                    return i + 1
-        elif ch == '"':
-            in_str = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        elif depth == 0 and ch in ",}\n" and i > 0:
-            return i  # a bare scalar ended
-    return None
+class _Calls:
+    """The calls announced so far, and the deltas that announce and extend them."""
 
+    def __init__(self):
+        self.sent: list[_Call] = []
 
-class ToolCallStream:
-    def __init__(self, names: frozenset[str], eager: bool):
-        self.names = names
-        self.eager = eager
-        self.text = ""
-        self._content_sent = 0  # chars of content emitted, over all content items
-        self._sent: list[_Call] = []  # calls announced, in order
-        self.finished = False
+    def announce(self, name: str, out: list[dict]) -> _Call:
+        c = _Call(f"call_{uuid.uuid4().hex[:24]}", name)
+        out.append({"tool_calls": [{"index": len(self.sent), "id": c.id, "type": "function",
+                                    "function": {"name": name, "arguments": ""}}]})
+        self.sent.append(c)
+        return c
 
-    # ------------------------------------------------------------ reading the text
-    def _items(self, final: bool) -> list[str | _Call]:
-        """The text as content strings and calls, as far as it is settled: content that
-        could still begin a block, and an open block that may still become a call, wait."""
-        items: list[str | _Call] = []
-        t, pos = self.text, 0
-        while True:
-            i = t.find(OPEN, pos)
-            if i < 0:
-                tail = t[pos:]
-                if not final:
-                    tail = tail[: len(tail) - _partial_open(tail)]
-                items.append(tail)
-                return items
-            items.append(t[pos:i])
-            j = t.find(CLOSE, i + len(OPEN))
-            body = t[i + len(OPEN) : j if j >= 0 else len(t)]
-            call = self._call(body, closed=j >= 0, final=final)
-            if call is None and (j >= 0 or final):
-                items.append(t[i : j + len(CLOSE) if j >= 0 else len(t)])  # not a call: content as written
-            elif call is None:
-                return items  # an open block that may still become a call
-            else:
-                items.append(call)
-            if j < 0:
-                return items
-            pos = j + len(CLOSE)
+    def extend(self, frag: str, out: list[dict]) -> None:
+        """More argument text of the last call announced."""
+        if frag:
+            self.sent[-1].args.append(frag)
+            out.append({"tool_calls": [{"index": len(self.sent) - 1, "function": {"arguments": frag}}]})
 
-    def _call(self, body: str, closed: bool, final: bool) -> _Call | None:
-        if self.eager:
-            m = _HEAD.match(body)
-            if m is None:
-                return None
-            rest = body[m.end() :]
-            end = _args_end(rest)
-            return _Call("", json.loads(f'"{m.group(1)}"'), rest if end is None else rest[:end], end is not None)
-        if not closed:
-            return None
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.names:
-            return None
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        return _Call("", obj["name"], json.dumps(args, ensure_ascii=False), True)
-
-    # ------------------------------------------------------------ deltas
-    def push(self, text: str) -> list[dict]:
-        self.text += text
-        return self._deltas(final=False)
-
-    def finish(self) -> list[dict]:
-        self.finished = True
-        return self._deltas(final=True)
-
-    def _deltas(self, final: bool) -> list[dict]:
-        items = self._items(final)
-        out: list[dict] = []
-        content = _content(items)
-        if len(content) > self._content_sent:
-            out.append({"content": content[self._content_sent :]})
-            self._content_sent = len(content)
-        calls = [x for x in items if isinstance(x, _Call)]
-        for k, c in enumerate(calls):
-            if k >= len(self._sent):
-                c.id = f"call_{uuid.uuid4().hex[:24]}"
-                self._sent.append(_Call(c.id, c.name, "", False))
-                out.append({"tool_calls": [{"index": k, "id": c.id, "type": "function",
-                                            "function": {"name": c.name, "arguments": ""}}]})
-            sent = self._sent[k]
-            if len(c.args) > len(sent.args):
-                out.append({"tool_calls": [{"index": k, "function": {"arguments": c.args[len(sent.args) :]}}]})
-                sent.args = c.args
-            sent.complete = c.complete
-        return out
-
-    # ------------------------------------------------------------ the whole answer
     @property
     def calls(self) -> list[dict]:
-        return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args}} for c in self._sent]
+        return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": "".join(c.args)}}
+                for c in self.sent]
 
     @property
     def complete_calls(self) -> bool:
-        return bool(self._sent) and all(c.complete for c in self._sent)
+        return bool(self.sent) and all(c.complete for c in self.sent)
 
 
-def _content(items: list) -> str:
-    """Content items joined; whitespace between or after calls (the lines that separate
-    blocks) is not content."""
-    out, seen_call = [], False
-    for x in items:
-        if isinstance(x, _Call):
-            seen_call = True
-        elif x and (not seen_call or x.strip()):
-            out.append(x)
-    return "".join(out)
+class AutoStream(_Calls):
+    def __init__(self, plan: ToolPlan):
+        super().__init__()
+        self.schemas = ToolSchemas(plan.functions)
+        self.parser = PARSERS[plan.syntax](self.schemas.params)
+        self.parallel = plan.parallel
+        self.forced = False
+        self._ws = ""  # whitespace held back: it is content only if more content follows
+        self._started = False  # content other than whitespace went out before any call
+
+    def push(self, text: str) -> list[dict]:
+        return self._deltas([it for piece in _slices(text) for it in self.parser.feed(piece, final=False)])
+
+    def finish(self) -> list[dict]:
+        out = self._deltas(self.parser.feed("", final=True))
+        if self._ws and not self.sent:  # all there is, whitespace: content after all
+            out.append({"content": self._ws})
+        self._ws = ""
+        return out
+
+    def _deltas(self, items: list) -> list[dict]:
+        out: list[dict] = []
+        for it in items:
+            if isinstance(it, Found):
+                calls = [(name, self.schemas.arguments(name, args)) for name, args in it.calls]
+                if all(a is not None for _, a in calls):
+                    self._ws = ""
+                    for name, args in calls[: None if self.parallel else max(0, 1 - len(self.sent))]:
+                        self.announce(name, out).complete = True
+                        self.extend(args, out)
+                    continue
+                it = it.raw  # not a call: content, as written
+            self._content(it, out)
+        return _merged(out)
+
+    def _content(self, text: str, out: list[dict]) -> None:
+        if not text:
+            return
+        if self._started and not self.sent:  # plain content, no call yet: as it comes
+            out.append({"content": text})
+            return
+        s = self._ws + text
+        body = s.rstrip() if self.sent else s  # after a call, trailing whitespace waits
+        if not body.strip():
+            self._ws = s
+            return
+        self._started, self._ws = True, s[len(body):]
+        out.append({"content": body})
 
 
-def _partial_open(tail: str) -> int:
-    """How many trailing characters of ``tail`` could begin ``<tool_call>``."""
-    for n in range(min(len(OPEN) - 1, len(tail)), 0, -1):
-        if OPEN.startswith(tail[-n:]):
-            return n
-    return 0
+def _merged(out: list[dict]) -> list[dict]:
+    """Adjacent content deltas as one (joined once: a push may hold many pieces)."""
+    merged: list[dict] = []
+    run: list[str] = []
+    for d in out + [{}]:
+        if "content" in d:
+            run.append(d["content"])
+            continue
+        if run:
+            merged.append({"content": "".join(run)})
+            run = []
+        if d:
+            merged.append(d)
+    return merged
 
 
-def whole(names: frozenset[str], eager: bool, text: str) -> tuple[str | None, list[dict], bool]:
+class ForcedStream(_Calls):
+    def __init__(self, plan: ToolPlan):
+        super().__init__()
+        self.reader = ForcedReader()
+        self.forced = True
+        self._held: _Call | None = None  # a later call, until it is complete
+        self._held_args: list[str] = []
+
+    def push(self, text: str) -> list[dict]:
+        out: list[dict] = []
+        for ev in (ev for piece in _slices(text) for ev in self.reader.feed(piece)):
+            if ev[0] == "call":
+                if not self.sent:
+                    self.announce(ev[1], out)
+                else:
+                    self._held, self._held_args = _Call("", ev[1]), []
+            elif ev[0] == "args":
+                if self._held is not None:
+                    self._held_args.append(ev[1])
+                else:
+                    self.extend(ev[1], out)
+            elif self._held is not None:  # a later call is complete: out it goes, whole
+                self.announce(self._held.name, out).complete = True
+                self.extend("".join(self._held_args), out)
+                self._held = None
+            else:
+                self.sent[-1].complete = True
+        return out
+
+    def finish(self) -> list[dict]:
+        self._held = None  # cut short by the ceiling: never sent, dropped
+        return []
+
+
+def _slices(text: str, size: int = 4096) -> list[str]:
+    """A long text in pieces: the parsers slice what follows a region off what they were
+    given, so one push of a whole response would cost its length per region."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def open_stream(plan: ToolPlan) -> AutoStream | ForcedStream:
+    return ForcedStream(plan) if plan.constrained else AutoStream(plan)
+
+
+def finish_reason(stream: AutoStream | ForcedStream, reason: str | None) -> str | None:
+    """The choice's finish reason: ``tool_calls`` when it ended on complete calls; under
+    the grammar also when ``max_tokens`` cut a later call short (it was dropped)."""
+    if stream.complete_calls and (reason == "stop" or (stream.forced and reason == "length")):
+        return "tool_calls"
+    return reason
+
+
+def whole(plan: ToolPlan, text: str) -> tuple[str | None, list[dict], bool]:
     """A whole response: (content or None, tool calls, whether every call is complete)."""
-    s = ToolCallStream(names, eager)
+    s = open_stream(plan)
     deltas = s.push(text) + s.finish()
     content = "".join(d.get("content", "") for d in deltas)
     return (content or None), s.calls, s.complete_calls

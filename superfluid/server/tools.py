@@ -1,6 +1,7 @@
 """Tool calling: what a request's ``tools`` and ``tool_choice`` ask, and how it is prompted.
 
-The call format is Hermes' (Qwen2.5, NousHermes, and what vLLM's ``hermes`` parser reads):
+The call syntax is the model family's (toolcalls/registry.py picks it from the chat
+template: Hermes, Llama 3 JSON, Mistral, Qwen3-Coder XML, pythonic); Hermes' is
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -9,15 +10,17 @@ The call format is Hermes' (Qwen2.5, NousHermes, and what vLLM's ``hermes`` pars
 one block per call. ``tool_choice``:
 - ``none``: tools are not shown to the model and nothing is parsed;
 - ``auto`` (the default with tools): the model decides; calls are parsed from its text
-  (tool_parser.py), anything else is content;
+  (tool_parser.py) and kept when they follow their tool's schema, anything else is content;
 - ``required`` / a named function: the output is generated under a grammar that admits
-  only call blocks whose arguments follow the function's JSON schema (xgrammar, with no
-  free whitespace), so every call parses and validates. ``parallel_tool_calls`` lets
-  ``required`` write up to ``MAX_PARALLEL_CALLS`` blocks; a named function gets one.
+  only calls whose arguments follow the function's JSON schema (xgrammar, with no free
+  whitespace), framed in the family's JSON syntax (toolcalls/forced.py), so every call
+  parses and validates. ``parallel_tool_calls`` lets ``required`` write up to
+  ``MAX_PARALLEL_CALLS`` calls; a named function, or ``parallel_tool_calls: false``, gets
+  one, and the grammar then ends with it: end of text is all it admits.
 
 Prompting: a chat template that has tool syntax (it mentions ``tools``) renders the
 tools and tool turns itself. For one that has none (the default model's), the fallback:
-the tool list and the format above go into the system message, an assistant turn's calls
+the tool list and Hermes' format go into the system message, an assistant turn's calls
 are written as call blocks after its content, and a ``tool`` result is a ``user`` turn
 holding ``<tool_response>...</tool_response>``.
 """
@@ -33,8 +36,9 @@ import xgrammar as xgr
 from ..engine.params import GrammarSpec, ParamError
 from . import json_bounds
 from .tool_models import NamedToolChoice, Tool
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+from .toolcalls.forced import framing
+from .toolcalls.hermes import CLOSE, OPEN
+from .toolcalls.registry import has_tool_syntax
 MAX_TOOLS = 128  # OpenAI's limit
 MAX_PARALLEL_CALLS = 8
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -47,6 +51,7 @@ class ToolPlan:
     functions: tuple[dict, ...]  # OpenAI function dicts: name, description, parameters
     named: str | None = None
     parallel: bool = True
+    syntax: str = "hermes"  # the tool-call parser's family (toolcalls/registry.py)
 
     @property
     def names(self) -> frozenset[str]:
@@ -64,35 +69,49 @@ class ToolPlan:
     def grammar(self) -> GrammarSpec | None:
         if not self.constrained:
             return None
+        fr = framing(self.syntax)
         fns = [f for f in self.functions if self.mode == "required" or f["name"] == self.named]
-        one = xgr.Grammar.concat(
-            xgr.Grammar.from_ebnf(f'root ::= "{OPEN}\\n"'),
-            xgr.Grammar.union(*(_call_grammar(f) for f in fns)) if len(fns) > 1 else _call_grammar(fns[0]),
-            xgr.Grammar.from_ebnf(f'root ::= "\\n{CLOSE}"'),
-        )
-        if self.mode == "named" or not self.parallel:
-            return GrammarSpec("ebnf", str(one), "tools")
-        # root renamed, then repeated: 1..MAX_PARALLEL_CALLS blocks, one per line
+        calls = [_call_grammar(f, fr.key) for f in fns]
+        one = _concat(_literal(fr.open), xgr.Grammar.union(*calls) if len(calls) > 1 else calls[0], _literal(fr.close))
+        # root renamed: the whole output is start, 1..n calls (one unless parallel), end
         block = re.sub(r"^root ::=", "tool_call_block ::=", str(one), count=1, flags=re.M)
-        more = MAX_PARALLEL_CALLS - 1
-        return GrammarSpec("ebnf", f'root ::= tool_call_block ("\\n" tool_call_block){{0,{more}}}\n{block}', "tools")
+        body = "tool_call_block"
+        if self.mode == "required" and self.parallel:
+            body = f"tool_call_block ({_ebnf(fr.sep)} tool_call_block){{0,{MAX_PARALLEL_CALLS - 1}}}"
+        root = " ".join(x for x in (_ebnf(fr.start), body, _ebnf(fr.end)) if x)
+        return GrammarSpec("ebnf", f"root ::= {root}\n{block}", "tools")
 
     def prompt_tools(self) -> list[dict]:
         """The tools as templates render them (OpenAI's shape)."""
         return [{"type": "function", "function": f} for f in self.functions]
 
 
-def _call_grammar(f: dict) -> xgr.Grammar:
+def _call_grammar(f: dict, key: str) -> xgr.Grammar:
     schema = {
         "type": "object",
-        "properties": {"name": {"const": f["name"]}, "arguments": f["parameters"]},
-        "required": ["name", "arguments"],
+        "properties": {"name": {"const": f["name"]}, key: f["parameters"]},
+        "required": ["name", key],
         "additionalProperties": False,
     }
     return xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
 
 
-def plan_tools(tools: list[Tool] | None, choice, parallel: bool, has_response_format: bool) -> ToolPlan | None:
+def _ebnf(text: str) -> str:
+    """A string literal in xgrammar's EBNF ('' for none: an empty literal is not one)."""
+    return json.dumps(text) if text else ""
+
+
+def _literal(text: str) -> xgr.Grammar | None:
+    return xgr.Grammar.from_ebnf(f"root ::= {_ebnf(text)}") if text else None
+
+
+def _concat(*parts: xgr.Grammar | None) -> xgr.Grammar:
+    parts = [p for p in parts if p is not None]
+    return xgr.Grammar.concat(*parts) if len(parts) > 1 else parts[0]
+
+
+def plan_tools(tools: list[Tool] | None, choice, parallel: bool, has_response_format: bool,
+               syntax: str = "hermes") -> ToolPlan | None:
     """Check tools and tool_choice (ParamError naming the parameter); None: no tools."""
     if not tools:
         if isinstance(choice, NamedToolChoice) or choice == "required":
@@ -122,7 +141,7 @@ def plan_tools(tools: list[Tool] | None, choice, parallel: bool, has_response_fo
         mode, named = choice or "auto", None
     if mode in ("required", "named") and has_response_format:
         raise ParamError("a required tool call cannot be combined with response_format", "tool_choice")
-    return ToolPlan(mode, tuple(functions), named, parallel)
+    return ToolPlan(mode, tuple(functions), named, parallel, syntax)
 
 
 def _check_parameters(i: int, params: dict | None) -> dict:
@@ -144,10 +163,6 @@ def _clean(message: str) -> str:
 
 
 # ------------------------------------------------------------------ prompting
-
-
-def has_tool_syntax(template: str | None) -> bool:
-    return bool(template) and "tools" in template
 
 
 def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_generation_prompt: bool,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..deadline import DEADLINE_CODE, message as deadline_message
 from ..render import Usage
-from ..tool_parser import ToolCallStream
+from ..tool_parser import AutoStream, ForcedStream, finish_reason, open_stream
 from ..tools import ToolPlan
 
 
@@ -50,11 +50,11 @@ class ResponseBuild:
     usage: dict | None = None
     seq: int = 0
     _open: dict | None = None  # the item being written (the last of output)
-    _parser: ToolCallStream | None = None
+    _parser: AutoStream | ForcedStream | None = None
 
     def __post_init__(self):
         if self.plan is not None and self.plan.parses:
-            self._parser = ToolCallStream(self.plan.names, self.plan.constrained)
+            self._parser = open_stream(self.plan)
 
     @property
     def id(self) -> str:
@@ -84,6 +84,8 @@ class ResponseBuild:
         """The closing events, the last one the response's end (``reason``: the engine's)."""
         events = [e for d in (self._parser.finish() if self._parser is not None else []) for e in self._apply(d)]
         events += self._close()
+        if self._parser is not None:  # a forced call the ceiling cut short was dropped: the calls are the answer
+            reason = "stop" if finish_reason(self._parser, reason) == "tool_calls" else reason
         self.usage = usage_body(usage)
         if reason == "error" or reason is None:
             code = DEADLINE_CODE if self.deadline_s is not None and error == deadline_message(self.deadline_s) else "server_error"
