@@ -362,7 +362,7 @@ def test_a_chat_stream_resumes_within_the_grace_window(client):
 def test_a_chat_stream_nobody_resumes_is_aborted_after_the_grace_window(server, client):
     before = metric(server, 'superfluid_requests_total{finish_reason="abort"}')
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "left"}],
-                                            max_tokens=3000, stream=True, extra_body={"ignore_eos": True})
+                                            max_tokens=2000, stream=True, extra_body={"ignore_eos": True})
     for i, _ in enumerate(stream):
         if i == 3:
             break

@@ -54,7 +54,7 @@ def test_request_output_prompt_logprobs(llm):
     assert len(out.prompt_logprobs) == len(out.prompt_token_ids) and out.prompt_logprobs[0] is None
 
 
-def test_chat_template_arguments(llm):
+def test_chat_template_arguments(llm, monkeypatch):
     conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "well"}]
     assert llm.chat(conv, P, continue_final_message=True)[0].prompt.endswith("<|assistant|>well")
     with pytest.raises(ValueError, match="cannot both"):
@@ -62,8 +62,10 @@ def test_chat_template_arguments(llm):
     got = llm.chat(conv[:1], P, chat_template="{{ greet }}{{ tools[0]['name'] }}:{{ messages[0]['content'] }}",
                    chat_template_kwargs={"greet": "yo "}, tools=[{"name": "f"}])[0]
     assert got.prompt == "yo f:hi"
+    monkeypatch.setattr(llm.get_tokenizer(), "add_bos", True)  # as a file that asks for BOS
+    without = llm.chat(conv[:1], P)[0]
     with_bos = llm.chat(conv[:1], P, add_special_tokens=True)[0]
-    assert with_bos.prompt_token_ids[0] == llm.get_tokenizer().bos_token_id
+    assert with_bos.prompt_token_ids == [llm.get_tokenizer().bos_token_id] + without.prompt_token_ids
 
 
 def test_tokenizer_transformers_names(llm):
@@ -114,7 +116,9 @@ def test_min_tokens_arms_stop_strings_late():
 
 
 def test_add_special_tokens_on_chat():
-    app = create_app(AsyncEngine(build_engine(EngineConfig(runtime="toy", model="toy")), max_queued=8))
+    engine = build_engine(EngineConfig(runtime="toy", model="toy"))
+    engine.tokenizer.add_bos = True  # as a file that asks for BOS: the template's text gets none unless asked
+    app = create_app(AsyncEngine(engine, max_queued=8))
     with TestClient(app) as c:
         body = {"model": "toy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         plain = c.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]

@@ -106,7 +106,7 @@ def run_offline(cfg: OfflineConfig) -> dict:
     sf, sf_toks = _bench_superfluid(llm, prompts, cfg.output_len)
     result = {
         "schema": SCHEMA,
-        "config": asdict(cfg) | {"torch_threads": torch.get_num_threads()},
+        "config": asdict(cfg) | {"torch_threads": torch.get_num_threads(), "runtime_picked": llm.engine.config.runtime},
         "started_at": started,
         "num_prompts": len(prompts),
         "prompt_tokens": sum(len(p) for p in prompts),
@@ -115,7 +115,7 @@ def run_offline(cfg: OfflineConfig) -> dict:
         "ratio": None,
         "greedy_agreement": None,
     }
-    if cfg.skip_hf or cfg.runtime != "torch":
+    if cfg.skip_hf or llm.engine.config.runtime == "toy":
         return result  # the toy runtime has no weights for transformers to load
     pad_id = llm.tokenizer.eos_ids[0] if llm.tokenizer.eos_ids else 0  # masked out; any id will do
     del llm  # free the engine's memory before transformers loads its copy
