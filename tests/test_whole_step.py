@@ -94,24 +94,24 @@ def test_native_route_follows_the_reference_on_each_feature(models, feature):
 
 
 def test_a_feature_sf_decode_lacks_is_refused_and_steps_go_op_by_op(models):
-    """A config field sf_decode does not know (qk_norm here, as a new feature would arrive)
+    """A config field sf_decode does not know (a future option here, as a new feature would arrive)
     is refused by name; the runtime then steps op by op, and Decoder will not build."""
 
     @dataclasses.dataclass(frozen=True)
-    class WithQkNorm(ModelConfig):
-        qk_norm: bool = False
+    class WithFuture(ModelConfig):
+        future_option: bool = False
 
     rt = TorchRuntime(models["plain"], kv_cache_mb=4, quant="q8_0")
     whole = decode_steps(rt)
     model = rt.model
     assert kernels.decoder_refusal(model, rt.kv.k, rt.kv.v) is None
     fields = {f.name: getattr(model.cfg, f.name) for f in dataclasses.fields(model.cfg)}
-    model.cfg = WithQkNorm(**fields, qk_norm=False)
+    model.cfg = WithFuture(**fields, future_option=False)
     assert kernels.decoder_refusal(model, rt.kv.k, rt.kv.v) is None  # known-off is no feature
-    model.cfg = WithQkNorm(**fields, qk_norm=True)
+    model.cfg = WithFuture(**fields, future_option=True)
     model.native_decoder = None
-    assert "qk_norm" in kernels.decoder_refusal(model, rt.kv.k, rt.kv.v)
-    with pytest.raises(ValueError, match="qk_norm"):
+    assert "future_option" in kernels.decoder_refusal(model, rt.kv.k, rt.kv.v)
+    with pytest.raises(ValueError, match="future_option"):
         kernels.Decoder(model, rt.kv.k, rt.kv.v)
     np.testing.assert_array_equal(decode_steps(rt), whole)  # op by op: the same rows
     assert model.native_decoder[1] is None

@@ -42,7 +42,7 @@ class StepMeta:
     # Padded views of all feeds (built once per step, used by the batched paths):
     gather: torch.Tensor | None = None  # [B, L] int64 key cells (padding points at cell 0)
     key_valid: torch.Tensor | None = None  # [B, L] bool
-    native_keys: tuple[torch.Tensor, ...] | None = None  # native attention's (gather, first, lens), per step
+    native_keys: dict | None = None  # window -> native attention's (gather, first, lens), once per step
 
     @property
     def decode_only(self) -> bool:
@@ -71,7 +71,13 @@ def cells(cache: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, idx.reshape(-1)).view(*idx.shape, *cache.shape[1:])
 
 
-def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid, qpos, window) -> torch.Tensor:
+def _cap(s: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Attention-score soft-capping (Gemma 2): softcap * tanh(s / softcap), before the mask."""
+    return s if softcap is None else torch.tanh(s / softcap) * softcap
+
+
+def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid, qpos, window,
+             softcap: float | None = None) -> torch.Tensor:
     # q: [B, H, d] one query per sequence; kc, vc: [S, Hkv, d]; gather/valid: [B, L] (column l
     # holds the key at position l); qpos: [B] position of each query.
     # Query head h reads kv head h // group (transformers' repeat_kv order), so q views as
@@ -80,7 +86,7 @@ def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid,
     Hkv = kc.shape[1]
     k = cells(kc, gather).permute(0, 2, 3, 1)  # [B, Hkv, d, L]
     v = cells(vc, gather).transpose(1, 2)  # [B, Hkv, L, d]
-    s = torch.matmul(q.view(B, Hkv, H // Hkv, d), k) * (d ** -0.5)  # [B, Hkv, group, L]
+    s = _cap(torch.matmul(q.view(B, Hkv, H // Hkv, d), k) * (d ** -0.5), softcap)  # [B, Hkv, group, L]
     if window is not None:
         kpos = torch.arange(gather.shape[1], device=q.device)
         valid = valid & (kpos[None, :] > qpos[:, None] - window)
@@ -89,17 +95,36 @@ def _decodes(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gather, valid,
     return torch.matmul(p, v).view(B, H, d)  # [B, H, d]
 
 
-def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, window: int | None = None
-           ) -> torch.Tensor:
+def _masked(qi: torch.Tensor, ki: torch.Tensor, vi: torch.Tensor, mask: torch.Tensor | None,
+            softcap: float | None) -> torch.Tensor:
+    """One feed's attention [H, n, d] over its keys [Hkv, L, d]: SDPA, or with soft-capping
+    (which SDPA has no place for) the same product written out."""
+    if softcap is None:
+        if mask is None:
+            return F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+        return F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+    H, n, d = qi.shape
+    group = H // ki.shape[0]
+    ki, vi = ki.repeat_interleave(group, 0), vi.repeat_interleave(group, 0)
+    s = _cap(torch.matmul(qi, ki.transpose(1, 2)) * (d ** -0.5), softcap)  # [H, n, L]
+    if mask is None:
+        mask = torch.ones(n, ki.shape[1], dtype=torch.bool, device=qi.device).tril()
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s.float(), dim=-1).to(qi.dtype), vi)
+
+
+def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, window: int | None = None,
+           softcap: float | None = None) -> torch.Tensor:
     """q: [T, H, d] (RoPE applied); kc, vc: [S, Hkv, d] with this step's K/V written. -> [T, H, d]"""
     if meta.decode_only:
-        return _decodes(q, kc, vc, meta.gather, meta.key_valid, meta.positions, window)
+        return _decodes(q, kc, vc, meta.gather, meta.key_valid, meta.positions, window, softcap)
     out = torch.empty_like(q)
     dec = [i for i, n in enumerate(meta.q_lens) if n == 1]
     if dec:
         rows = torch.tensor([meta.offsets[i] for i in dec], device=q.device)
         idx = torch.tensor(dec, device=q.device)
-        out[rows] = _decodes(q[rows], kc, vc, meta.gather[idx], meta.key_valid[idx], meta.positions[rows], window)
+        out[rows] = _decodes(q[rows], kc, vc, meta.gather[idx], meta.key_valid[idx], meta.positions[rows], window,
+                             softcap)
     for i, n in enumerate(meta.q_lens):
         if n == 1:
             continue
@@ -110,20 +135,20 @@ def attend(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, 
         ks = ks[first:]
         ki, vi = cells(kc, ks).transpose(0, 1), cells(vc, ks).transpose(0, 1)  # [Hkv, start + n - first, d]
         if start == 0 and (window is None or window >= n):
-            oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
+            oi = _masked(qi, ki, vi, None, softcap)
         else:  # query j sits at position start + j and sees keys 0..start + j (those in its window)
             qpos = torch.arange(start, start + n, device=q.device)[:, None]
             kpos = torch.arange(first, start + n, device=q.device)[None, :]
             mask = kpos <= qpos
             if window is not None:
                 mask &= kpos > qpos - window
-            oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            oi = _masked(qi, ki, vi, mask, softcap)
         out[o: o + n] = oi.transpose(0, 1)
     return out
 
 
-def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, window: int | None = None
-                 ) -> torch.Tensor:
+def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta, window: int | None = None,
+                 softcap: float | None = None) -> torch.Tensor:
     """Batch-invariant attention (see module doc). q: [T, H, d] -> [T, H, d].
 
     Every product is a batched matmul whose per-item shape never changes: [QUERY_BLOCK, d] x
@@ -151,7 +176,7 @@ def attend_fixed(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: Step
         blk = meta.gather[:, j: j + KEY_BLOCK]  # [B, KB] (L is padded to KEY_BLOCK)
         kb = cells(kc, blk).float().permute(0, 2, 3, 1)[:, :, None, None]  # [B, Hkv, 1, 1, d, KB]
         vb = cells(vc, blk).float().transpose(1, 2)[:, :, None, None]  # [B, Hkv, 1, 1, KB, d]
-        s = torch.matmul(qf, kb.expand(B, Hkv, nb, group, d, KEY_BLOCK))  # [B, Hkv, nb, group, QB, KB]
+        s = _cap(torch.matmul(qf, kb.expand(B, Hkv, nb, group, d, KEY_BLOCK)), softcap)  # [B, Hkv, nb, group, QB, KB]
         kpos = torch.arange(j, j + KEY_BLOCK, device=q.device)
         visible = (kpos <= qpos[..., None]) & meta.key_valid[:, None, None, None, None, j: j + KEY_BLOCK]
         if window is not None:

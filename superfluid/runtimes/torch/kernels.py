@@ -331,8 +331,10 @@ def _qmat_c(m: QMat) -> _QMatC:
 # llama3, YaRN: all in the cos/sin tables, YaRN's attention factor included, built in Python).
 DECODER_FEATURES = frozenset({"attention_bias", "sliding_window", "rope_scaling"})
 # ModelConfig fields that are shapes and constants sf_model carries, or that act outside the layers.
+# embed_scale, logit_scale and final_softcap act on the embeddings and logits, outside sf_decode.
 _PLAIN_FIELDS = frozenset({"arch", "vocab_size", "hidden", "intermediate", "n_layers", "n_heads", "n_kv_heads",
-                           "head_dim", "rope_theta", "rms_eps", "max_position", "tie_embeddings"})
+                           "head_dim", "rope_theta", "rms_eps", "max_position", "tie_embeddings", "embed_scale",
+                           "logit_scale", "final_softcap"})
 
 
 def decoder_refusal(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> str | None:
@@ -342,7 +344,7 @@ def decoder_refusal(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> str | None
     it), one quantization kind for every layer matrix (sf_model.kind), fp32 CPU tensors."""
     cfg = model.cfg
     unknown = sorted(f.name for f in dataclasses.fields(cfg) if f.name not in _PLAIN_FIELDS | DECODER_FEATURES
-                     and getattr(cfg, f.name) not in (None, False))
+                     and getattr(cfg, f.name) != f.default)  # an option off is its default
     if unknown:
         return f"sf_decode does not implement {', '.join(unknown)}"
     mats = [m for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)]

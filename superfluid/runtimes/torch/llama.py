@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
-from .decoder import Layer, run
+from .decoder import Experts, Layer, Options, run
 from .kernels import QMat
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
@@ -80,29 +80,74 @@ class Llama:
         head_quant = "q8_0" if quant else None
         self.lm_head = Mat(self.embed, gemv16, head_quant) if cfg.tie_embeddings else \
             Mat(put(tensors["lm_head"]), gemv16, head_quant)  # [V, D]
-        self.layers: list[Layer] = []
-        for i in range(cfg.n_layers):
-            p = f"layers.{i}."
-            t = lambda name: tensors[p + name]  # noqa: E731
-            bias = torch.cat([t("q_bias"), t("k_bias"), t("v_bias")]) if cfg.attention_bias else None
-            self.layers.append(Layer(
-                attn_norm=put(t("attn_norm")), wqkv=mat(torch.cat([t("q"), t("k"), t("v")])),
-                bqkv=put(bias) if bias is not None else None, wo=mat(t("o")), ffn_norm=put(t("ffn_norm")),
-                wgu=mat(torch.cat([t("gate"), t("up")])), wdown=mat(t("down")),
-            ))
-        inv, scale = cfg.rope(tensors.get("rope_freqs"))  # scale: YaRN's attention factor (else 1)
-        # RoPE tables [max_position, d] in float32, as transformers computes them (one product each).
+        self.layers = [self._layer(cfg, tensors, i, put, mat) for i in range(cfg.n_layers)]
+        self.options = Options(q_scale=cfg.attn_scale * cfg.head_dim ** 0.5 if cfg.attn_scale else 1.0,
+                               residual_scale=cfg.residual_scale, activation=cfg.activation, softcap=cfg.attn_softcap)
+        # RoPE tables [positions, d] in float32, as transformers computes them (one product each):
+        # table 0 for every rotating layer, table 1 for sliding layers with their own base (Gemma 3).
         # Tables only as long as the runtime serves (positions): a file's context_length may
         # be huge (or corrupt), and a table of it would be allocated for nothing.
-        pos = torch.arange(min(cfg.max_position, positions or cfg.max_position), dtype=torch.float32)
-        freqs = pos[:, None] * inv[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos, self.sin = (emb.cos() * scale).to(device, dtype), (emb.sin() * scale).to(device, dtype)
+        n_pos = min(cfg.max_position, positions or cfg.max_position)
+        self.ropes = [self._rope_table(cfg, tensors.get("rope_freqs"), n_pos, device, dtype, local=False)]
+        if cfg.local_rope_theta is not None:
+            self.ropes.append(self._rope_table(cfg, None, n_pos, device, dtype, local=True))
+        self.cos, self.sin = self.ropes[0]  # sf_decode's table (it runs models with one)
         self.deterministic = deterministic
         self.linear = linear_fixed if deterministic else linear
-        self.attend = partial(attend_fixed if deterministic else attend, window=cfg.sliding_window)
+        self.attend = attend_fixed if deterministic else attend
         if quant:  # the LM head's decode-sized products on the native kernels too
             self.linear = partial(native.linear, qrows=self.qrows)
+
+    @staticmethod
+    def _layer(cfg: ModelConfig, tensors: dict[str, torch.Tensor], i: int, put, mat) -> Layer:
+        p = f"layers.{i}."
+        t = lambda name: tensors[p + name]  # noqa: E731
+        opt = lambda name: put(tensors[p + name]) if p + name in tensors else None  # noqa: E731
+        q, k = t("q"), t("k")
+        q_norm, k_norm = tensors.get(p + "q_norm"), tensors.get(p + "k_norm")
+        if cfg.rotary_dim is not None and cfg.rotary_dim < cfg.head_dim:
+            # Partial rotary as full-head rotate-half: the rotated and passed dims of each q/k
+            # head interleaved so that the full-head pairs (i, i + d/2) are the rotated pairs
+            # (i, i + r/2) and passed dims pair with passed dims at frequency 0 (cos 1, sin 0:
+            # untouched). q and k permuted alike leave every q.k, so attention, unchanged.
+            perm = _partial_rotary_perm(cfg.head_dim, cfg.rotary_dim)
+            q, k = _permute_heads(q, perm), _permute_heads(k, perm)
+            if q_norm is not None and q_norm.shape[0] == cfg.head_dim:
+                q_norm, k_norm = q_norm[perm], k_norm[perm]
+            elif q_norm is not None:
+                q_norm, k_norm = _permute_heads(q_norm[:, None], perm)[:, 0], _permute_heads(k_norm[:, None], perm)[:, 0]
+        bias = torch.cat([t("q_bias"), t("k_bias"), t("v_bias")]) if cfg.attention_bias else None
+        if bias is not None and cfg.rotary_dim is not None and cfg.rotary_dim < cfg.head_dim:
+            raise ValueError("q/k bias with partial rotary is not supported")
+        experts = None
+        if cfg.n_experts:
+            experts = Experts(router=mat(t("router")), used=cfg.n_experts_used, renormalise=cfg.moe_norm_topk,
+                              wgu=[mat(torch.cat([t("gate_exps")[e], t("up_exps")[e]])) for e in range(cfg.n_experts)],
+                              wdown=[mat(t("down_exps")[e]) for e in range(cfg.n_experts)])
+        return Layer(
+            attn_norm=opt("attn_norm"), wqkv=mat(torch.cat([q, k, t("v")])),
+            bqkv=put(bias) if bias is not None else None, wo=mat(t("o")), ffn_norm=opt("ffn_norm"),
+            wgu=None if experts else mat(torch.cat([t("gate"), t("up")])), wdown=None if experts else mat(t("down")),
+            q_norm=put(q_norm) if q_norm is not None else None, k_norm=put(k_norm) if k_norm is not None else None,
+            post_attn_norm=opt("post_attn_norm"), post_ffn_norm=opt("post_ffn_norm"),
+            rope=(1 if cfg.uses_local_rope(i) else 0) if cfg.rotates(i) else None, window=cfg.window(i),
+            experts=experts,
+        )
+
+    @staticmethod
+    def _rope_table(cfg: ModelConfig, rope_freqs, n_pos: int, device, dtype, local: bool):
+        inv, scale = cfg.rope(rope_freqs, local=local, positions=n_pos)  # scale: YaRN's / LongRoPE's attention factor (else 1)
+        passed = cfg.head_dim // 2 - inv.shape[0]  # partial rotary: frequency 0 for the passed pairs
+        pos = torch.arange(n_pos, dtype=torch.float32)
+        freqs = pos[:, None] * inv[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos() * scale, emb.sin() * scale
+        if passed:  # rotated dims first in each half (_partial_rotary_perm); passed ones exactly kept
+            one, zero = torch.ones(n_pos, passed), torch.zeros(n_pos, passed)
+            r = inv.shape[0]
+            cos = torch.cat([cos[:, :r], one, cos[:, r:], one], dim=-1)
+            sin = torch.cat([sin[:, :r], zero, sin[:, r:], zero], dim=-1)
+        return cos.to(device, dtype).contiguous(), sin.to(device, dtype).contiguous()
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         # As transformers: the statistics in float32, scaled by the weight in the model dtype.
@@ -124,14 +169,21 @@ class Llama:
         """tokens: [T] int64. kv_k, kv_v: [n_layers, S, Hkv, d] (this step's cells get written).
         Returns the final-normed hidden states [T, D]."""
         x = self.embed.index_select(0, tokens)  # [T, D]
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)  # as Gemma: the scale in the model dtype
         if self.quant:
             return native.forward(self, x, meta, kv_k, kv_v)
-        return run(TorchKernels(self, meta), self.layers, self.norm, x, kv_k, kv_v)
+        return run(TorchKernels(self, meta), self.layers, self.norm, x, kv_k, kv_v, self.options)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [R, D] -> [R, V] float32."""
-        return self.linear(hidden, self.lm_head).float()
+        out = self.linear(hidden, self.lm_head).float()
+        if self.cfg.logit_scale != 1.0:
+            out = out / self.cfg.logit_scale
+        if self.cfg.final_softcap is not None:
+            out = torch.tanh(out / self.cfg.final_softcap) * self.cfg.final_softcap
+        return out
 
 
 class TorchKernels:
@@ -143,23 +195,43 @@ class TorchKernels:
         self.H, self.Hkv, self.d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.meta = meta
         self.norm, self.linear, self._attend = model.rms_norm, model.linear, model.attend
-        self.cos = model.cos.index_select(0, meta.positions)[:, None]  # [T, 1, d]
-        self.sin = model.sin.index_select(0, meta.positions)[:, None]
+        # Each table at the step's positions, [T, 1, d], once per step.
+        self.tables = [(c.index_select(0, meta.positions)[:, None], s.index_select(0, meta.positions)[:, None])
+                       for c, s in model.ropes]
 
     def add_linear(self, x: torch.Tensor, y: torch.Tensor, m: Mat) -> torch.Tensor:
         return x + self.linear(y, m)
 
-    def rope_store(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
+    def rope_store(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rope: int | None) -> torch.Tensor:
         T, H, Hkv, d = qkv.shape[0], self.H, self.Hkv, self.d
-        qk = Llama.rope(qkv[:, : (H + Hkv) * d].view(T, H + Hkv, d), self.cos, self.sin)  # q and k heads at once
+        qk = qkv[:, : (H + Hkv) * d].view(T, H + Hkv, d)
+        if rope is not None:
+            qk = Llama.rope(qk, *self.tables[rope])  # q and k heads at once
         kc.index_copy_(0, self.meta.slots, qk[:, H:])
         vc.index_copy_(0, self.meta.slots, qkv[:, (H + Hkv) * d:].view(T, Hkv, d))
         return qk[:, :H]
 
-    def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-        return self._attend(q, kc, vc, self.meta)
+    def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, window: int | None,
+               softcap: float | None) -> torch.Tensor:
+        return self._attend(q, kc, vc, self.meta, window=window, softcap=softcap)
 
     @staticmethod
-    def gate(gu: torch.Tensor) -> torch.Tensor:
+    def gate(gu: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         g, u = gu.chunk(2, dim=-1)
-        return F.silu(g) * u
+        return activate(g, activation) * u
+
+
+def activate(g: torch.Tensor, activation: str) -> torch.Tensor:
+    return F.silu(g) if activation == "silu" else F.gelu(g, approximate="tanh")
+
+
+def _partial_rotary_perm(d: int, r: int) -> torch.Tensor:
+    """New head dim -> old: [rot first half, passed first half, rot second half, passed second half]."""
+    half, rh, ph = d // 2, r // 2, (d - r) // 2
+    return torch.cat([torch.arange(rh), torch.arange(r, r + ph), torch.arange(rh, r), torch.arange(r + ph, d)])
+
+
+def _permute_heads(w: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """Rows of w [heads * d, ...] permuted within each head."""
+    d = perm.shape[0]
+    return w.reshape(-1, d, *w.shape[1:])[:, perm].reshape(w.shape)

@@ -78,10 +78,14 @@ def add_linear(x: torch.Tensor, y: torch.Tensor, m, qrows: float = QROWS) -> tor
 
 
 def _query_keys(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per query row, once per step (every layer reads it): its key cells [T, L] (its feed's
-    row of the gather), the first key it sees and its key count (position + 1). The gather
-    is built by the runtime from its own block tables, so its cells are in range."""
+    """Per query row, once per step and window (every layer with that window reads it): its key
+    cells [T, L] (its feed's row of the gather), the first key it sees and its key count
+    (position + 1). The gather is built by the runtime from its own block tables, so its
+    cells are in range."""
     if meta.native_keys is None:
+        meta.native_keys = {}
+    keys = meta.native_keys.get(window)
+    if keys is None:
         if meta.decode_only:
             gather = meta.gather
         else:
@@ -89,16 +93,17 @@ def _query_keys(meta: StepMeta, window: int | None) -> tuple[torch.Tensor, torch
             gather = meta.gather.index_select(0, feed)
         lens = (meta.positions + 1).contiguous()
         first = (lens - window).clamp_min(0) if window is not None else torch.zeros_like(lens)
-        meta.native_keys = (gather, first.contiguous(), lens)
-    return meta.native_keys
+        keys = meta.native_keys[window] = (gather, first.contiguous(), lens)
+    return keys
 
 
 def attend_native(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, meta: StepMeta,
-                  window: int | None, every_row: bool) -> torch.Tensor:
+                  window: int | None, every_row: bool, softcap: float | None = None) -> torch.Tensor:
     """Decode-only steps (or, with every_row, any step) on the native attention, each query
-    row over its own keys; the rest on the torch kernel."""
-    if not (meta.decode_only or every_row):
-        return attend(q, kc, vc, meta, window=window)
+    row over its own keys; the rest, and soft-capped scores (which the native kernel does not
+    compute), on the torch kernel."""
+    if softcap is not None or not (meta.decode_only or every_row):
+        return attend(q, kc, vc, meta, window=window, softcap=softcap)
     return kernels.attend_decode(q, kc, vc, *_query_keys(meta, window), check_cells=False)
 
 
@@ -108,11 +113,11 @@ class NativeKernels:
     def __init__(self, model, meta: StepMeta):
         cfg = model.cfg
         self.meta, self.qrows, self.invariant = meta, model.qrows, model.deterministic
-        self.H, self.eps, self.window = cfg.n_heads, cfg.rms_eps, cfg.sliding_window
-        self.cos, self.sin = model.cos, model.sin
+        self.H, self.eps = cfg.n_heads, cfg.rms_eps
+        self.ropes = model.ropes
 
     def norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return kernels.rms_norm(x, w, self.eps)
+        return kernels.rms_norm(x.contiguous(), w, self.eps)
 
     def linear(self, x: torch.Tensor, m, b: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, m, b, self.qrows)
@@ -120,17 +125,25 @@ class NativeKernels:
     def add_linear(self, x: torch.Tensor, y: torch.Tensor, m) -> torch.Tensor:
         return add_linear(x, y, m, self.qrows)
 
-    def rope_store(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-        return kernels.rope_kv(qkv, self.cos, self.sin, self.meta.positions, self.meta.slots, kc, vc, self.H)
+    def rope_store(self, qkv: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, rope: int | None) -> torch.Tensor:
+        if rope is not None:
+            cos, sin = self.ropes[rope]
+            return kernels.rope_kv(qkv.contiguous(), cos, sin, self.meta.positions, self.meta.slots, kc, vc, self.H)
+        T, H, Hkv, d = qkv.shape[0], self.H, kc.shape[1], kc.shape[2]  # a layer without RoPE: store only
+        kc.index_copy_(0, self.meta.slots, qkv[:, H * d: (H + Hkv) * d].reshape(T, Hkv, d))
+        vc.index_copy_(0, self.meta.slots, qkv[:, (H + Hkv) * d:].reshape(T, Hkv, d))
+        return qkv[:, : H * d].reshape(T, H, d)
 
-    def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> torch.Tensor:
-        return attend_native(q, kc, vc, self.meta, self.window, self.invariant)
+    def attend(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, window: int | None,
+               softcap: float | None) -> torch.Tensor:
+        return attend_native(q.contiguous(), kc, vc, self.meta, window, self.invariant, softcap)
 
-    def gate(self, gu: torch.Tensor) -> torch.Tensor:
-        if gu.shape[0] <= QROWS or self.invariant:
+    def gate(self, gu: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        if activation == "silu" and (gu.shape[0] <= QROWS or self.invariant):
             return kernels.silu_mul(gu)
-        g, u = gu.chunk(2, dim=-1)  # prefill: torch's multi-threaded elementwise ops
-        return torch.nn.functional.silu(g) * u
+        g, u = gu.chunk(2, dim=-1)  # prefill, or GELU: torch's multi-threaded elementwise ops
+        act = torch.nn.functional.silu(g) if activation == "silu" else torch.nn.functional.gelu(g, approximate="tanh")
+        return act * u
 
 
 def whole_step(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> kernels.Decoder | None:
@@ -154,4 +167,4 @@ def forward(model, x: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: to
         dec = whole_step(model, kv_k, kv_v)
         if dec is not None:
             return dec(x, meta.positions, meta.slots, *_query_keys(meta, model.cfg.sliding_window))
-    return run(NativeKernels(model, meta), model.layers, model.norm, x, kv_k, kv_v)
+    return run(NativeKernels(model, meta), model.layers, model.norm, x, kv_k, kv_v, model.options)
