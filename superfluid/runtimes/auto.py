@@ -29,7 +29,9 @@ def pick_runtime(model: str | Path) -> tuple[str, str]:
                                  f"runtime runs ({', '.join(ARCHITECTURES)}), and the llamacpp runtime reads GGUF "
                                  f"files only: convert it with llama.cpp's convert_hf_to_gguf.py")
         return "torch", f"torch runs {arch} from a Hugging Face folder"
-    return _pick_gguf(path, ARCHITECTURES)
+    from .torch.gguf_weights import GGUF_ARCHITECTURES
+
+    return _pick_gguf(path, tuple(GGUF_ARCHITECTURES))
 
 
 def _pick_gguf(path: Path, architectures: tuple[str, ...]) -> tuple[str, str]:

@@ -17,7 +17,7 @@ from gguf.quants import dequantize
 
 from ...gguf_header import check_header
 from ...models import MAX_SIZE, ModelLoadError, check_size
-from .config import ARCHITECTURES, ModelConfig, RopeScaling, check_shapes
+from .config import ModelConfig, RopeScaling, check_shapes
 
 SUPPORTED_QUANTS = (  # what gguf.quants.dequantize reads that llama.cpp writes for Llama-family weights
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
@@ -30,7 +30,16 @@ _LAYER_NAMES = {  # gguf suffix -> canonical suffix
     "attn_norm.weight": "attn_norm", "attn_q.weight": "q", "attn_k.weight": "k", "attn_v.weight": "v",
     "attn_q.bias": "q_bias", "attn_k.bias": "k_bias", "attn_v.bias": "v_bias", "attn_output.weight": "o",
     "ffn_norm.weight": "ffn_norm", "ffn_gate.weight": "gate", "ffn_up.weight": "up", "ffn_down.weight": "down",
+    "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm", "post_attention_norm.weight": "post_attn_norm",
+    "post_ffw_norm.weight": "post_ffn_norm", "ffn_gate_inp.weight": "router", "ffn_gate_exps.weight": "gate_exps",
+    "ffn_up_exps.weight": "up_exps", "ffn_down_exps.weight": "down_exps",
 }
+# general.architecture -> ModelConfig.arch, for the files torch runs (tests/test_architectures_gguf.py
+# converts a tiny model of each with llama.cpp's own converter). A Mixtral file says "llama".
+GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
+                      "gemma3": "gemma3_text", "smollm3": "smollm3", "olmo2": "olmo2", "olmoe": "olmoe",
+                      "granite": "granite"}
+_PERMUTED = ("llama", "granite", "smollm3")  # llama.cpp's converter interleaves these q/k rows for its RoPE
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
                  "rope_freqs.weight": "rope_freqs"}
 
@@ -76,13 +85,16 @@ def field(reader: GGUFReader, key: str, path: Path, default=None, required: bool
 
 def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
     arch = field(reader, "general.architecture", path)
-    if arch not in ARCHITECTURES:
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(f"{path}: the torch runtime does not run architecture {arch!r} (field "
-                             f"general.architecture; it runs {', '.join(ARCHITECTURES)}): the llamacpp runtime "
+                             f"general.architecture; it runs {', '.join(GGUF_ARCHITECTURES)}): the llamacpp runtime "
                              f"does (--runtime llamacpp, or --runtime auto, the default, picks it)")
     check_header(reader, path)
     def a(k, d=None):
         return field(reader, f"{arch}.{k}", path, d)
+
+    def opt(k):
+        return field(reader, f"{arch}.{k}", path, required=False)
 
     def size(k, d=None, limit=MAX_SIZE):  # every count the header declares, bounded before it sizes or loops
         return check_size(f"{arch}.{k}", a(k, d), str(path), limit)
@@ -96,18 +108,24 @@ def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: missing tensor 'token_embd.weight'")
     vocab = size("vocab_size", int(embd.shape[-1]))
     context = size("context_length", 2048, limit=2**64)  # only a claim: tables stop at the positions served
-    n_layers, ffn = size("block_count"), size("feed_forward_length")
+    n_layers = size("block_count")
+    n_experts = check_size(f"{arch}.expert_count", opt("expert_count"), str(path)) if opt("expert_count") else 0
+    ffn = size("expert_feed_forward_length") if n_experts and opt("expert_feed_forward_length") else \
+        size("feed_forward_length")
     scaling = _rope_scaling(reader, path, arch, context)
-    window = field(reader, f"{arch}.attention.sliding_window", path, required=False)
-    pattern = field(reader, f"{arch}.attention.sliding_window_pattern", path, required=False)
+    window = opt("attention.sliding_window")
+    pattern = opt("attention.sliding_window_pattern")
+    options = _options(reader, path, arch, n_layers, head_dim, n_experts)
+    if arch == "gemma3":  # llama.cpp: every sixth layer global unless the file says otherwise
+        pattern = pattern if isinstance(pattern, list) else [(i + 1) % 6 != 0 for i in range(n_layers)]
+    sliding = None
     if window and isinstance(pattern, list) and len(set(pattern)) > 1:
-        raise ModelLoadError(f"{path}: sliding window on some layers only is not supported "
-                             f"(field {arch}.attention.sliding_window_pattern)")
+        sliding = tuple(bool(x) for x in pattern)
     if isinstance(pattern, list) and pattern and not any(pattern):
         window = None  # no layer slides
     try:
         return ModelConfig(
-            arch=arch, vocab_size=vocab, hidden=hidden, intermediate=ffn,
+            arch=GGUF_ARCHITECTURES[arch], vocab_size=vocab, hidden=hidden, intermediate=ffn,
             n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
             rope_theta=float(a("rope.freq_base", 10000.0)),
             rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-6)),
@@ -116,9 +134,37 @@ def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
             tie_embeddings="output.weight" not in names,
             rope_scaling=scaling,
             sliding_window=check_size(f"{arch}.attention.sliding_window", window, str(path)) if window else None,
+            layer_sliding=sliding, **options,
         )
     except ValueError as e:
         raise ModelLoadError(f"{path}: inconsistent metadata: {e}") from e
+
+
+def _options(reader: GGUFReader, path: Path, arch: str, n_layers: int, head_dim: int, n_experts: int) -> dict:
+    """The architecture options (config.py's module doc) as llama.cpp reads them from this arch's file."""
+    opt = lambda k: field(reader, f"{arch}.{k}", path, required=False)  # noqa: E731
+    q_norm = next((t for t in reader.tensors if t.name == "blk.0.attn_q_norm.weight"), None)
+    o: dict = {}
+    if q_norm is not None:
+        o["qk_norm"] = "head" if int(q_norm.shape[0]) == head_dim else "full"
+    if arch == "olmo2":
+        o |= {"pre_norm": False, "post_norm": True}
+    if arch == "gemma3":  # norms stored with Gemma's +1 folded in by the converter
+        o |= {"post_norm": True, "activation": "gelu_tanh", "attn_scale": head_dim ** -0.5,
+              "local_rope_theta": float(opt("rope.freq_base_swa") or 10000.0)}
+        o["embed_scale"] = float(field(reader, f"{arch}.embedding_length", path)) ** 0.5
+    if arch == "granite":
+        o |= {"embed_scale": float(opt("embedding_scale") or 1.0), "residual_scale": float(opt("residual_scale") or 1.0),
+              "attn_scale": float(opt("attention.scale") or head_dim ** -0.5), "logit_scale": float(opt("logit_scale") or 1.0)}
+    if arch == "smollm3":  # llama.cpp: every fourth layer without RoPE
+        o["layer_rope"] = tuple((i + 1) % 4 != 0 for i in range(n_layers))
+    dims = opt("rope.dimension_count")
+    if dims and int(dims) < head_dim:
+        o["rotary_dim"] = int(dims)
+    if n_experts:
+        o |= {"n_experts": n_experts, "n_experts_used": int(opt("expert_used_count") or 0),
+              "moe_norm_topk": arch in ("llama", "qwen3moe")}  # llama.cpp's choice per architecture
+    return o
 
 
 def _rope_scaling(reader: GGUFReader, path: Path, arch: str, context: int) -> RopeScaling | None:
@@ -186,7 +232,7 @@ def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = No
             continue  # tensors the model does not use
         names[key] = t.name
         w = _tensor(t, path)
-        if cfg.arch == "llama" and key.endswith((".q", ".k")):
+        if cfg.arch in _PERMUTED and key.endswith((".q", ".k")):
             heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
             if w.shape[0] % (2 * heads):
                 raise ModelLoadError(f"{path}: tensor {t.name!r} has {w.shape[0]} rows, not divisible into {heads} heads")
