@@ -23,7 +23,7 @@ def files(tmp_path_factory):
     mamba, _ = write_tiny_mamba(d / "m", seed=1)
     hf = d / "gemma"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"model_type": "gemma3_text"}))
+    (hf / "config.json").write_text(json.dumps({"model_type": "falcon"}))
     return {"llama": TinyModel(seed=4).write_gguf(d / "llama.gguf"), "mamba": mamba,
             "iq": TinyModel(seed=4, raw_types={"blk.0.ffn_down.weight": Q.IQ4_NL}).write_gguf(d / "iq.gguf"),
             "gemma_hf": hf}
@@ -36,7 +36,7 @@ def test_the_pick_and_its_reason(files):
     assert kind == "llamacpp" and "architecture 'mamba' is not one torch runs" in why
     kind, why = pick_runtime(files["iq"])
     assert kind == "llamacpp" and "IQ4_NL" in why
-    with pytest.raises(ModelLoadError, match="gemma3_text.*GGUF files only"):
+    with pytest.raises(ModelLoadError, match="falcon.*GGUF files only"):
         pick_runtime(files["gemma_hf"])
 
 

@@ -30,11 +30,15 @@ GEMMA = ("gemma2", "gemma3_text")  # norms scale by (1 + weight): stored as such
 
 
 def hf_name(key: str) -> str:
+    """Canonical name -> the HF tensor name (a Llama's, where an architecture renames it)."""
     if key.startswith("layers."):
         _, idx, suffix = key.split(".", 2)
-        names = {**_LAYER_NAMES, **_POST_NORM_NAMES, "mlp.experts.gate_up_proj": "gate_exps",
-                 "mlp.experts.down_proj": "down_exps"}
-        return f"model.layers.{idx}." + next((h for h, c in names.items() if c == suffix), suffix)
+        stacks = {"mlp.experts.gate_up_proj": "gate_exps", "mlp.experts.down_proj": "down_exps"}
+        for names in (_LAYER_NAMES, _POST_NORM_NAMES, stacks):
+            hit = next((h for h, c in names.items() if c == suffix), None)
+            if hit is not None:
+                return f"model.layers.{idx}.{hit}"
+        return f"model.layers.{idx}.{suffix}"
     return next(h for h, c in _GLOBAL_NAMES.items() if c == key)
 
 
@@ -100,6 +104,8 @@ def _sliding(c: dict, arch: str, file: Path) -> tuple[int | None, tuple[bool, ..
         first = int(c.get("max_window_layers", 28))
         types = c.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
         sliding = tuple(t == "sliding_attention" for t in types)
+        if not any(sliding):
+            return None, None
         return int(c["sliding_window"]), (None if all(sliding) else sliding)
     return None, None
 
