@@ -18,6 +18,7 @@ import torch
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.tiny import TinyModel
+from test_torch_variants import run_chunks, tokens  # noqa: F401 (test_architectures_gguf imports them from here)
 
 VOCAB = 272  # TinyModel's tokenizer has 269 tokens
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -51,10 +52,6 @@ FAMILIES = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2,
                                                             intermediate_size=32)),
 }
-
-
-def tokens(n: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(3, 260, n).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -109,16 +106,6 @@ def hf_greedy(folder: Path, toks: list[int], n: int) -> list[int]:
         out = hf.generate(torch.tensor([toks]), max_new_tokens=n, do_sample=False, eos_token_id=None,
                           pad_token_id=0)
     return out[0, len(toks):].tolist()
-
-
-def run_chunks(rt, toks: list[int], chunks: list[int]) -> np.ndarray:
-    s = rt.seq_create()
-    rows, at = [], 0
-    for n in chunks + [1] * (len(toks) - sum(chunks)):
-        rows += rt.step_rows([Feed(s, toks[at: at + n], True)])[0]
-        at += n
-    rt.seq_free(s)
-    return np.stack(rows)
 
 
 def greedy(rt, toks: list[int], n: int) -> list[int]:
