@@ -265,6 +265,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     s.add_argument("--tool-call-parser", default="auto", choices=["auto", *TOOL_PARSERS],
                    help="how the model writes tool calls (default auto: read from its chat template)")
+    s.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a chat_template sent with a chat request (vLLM's flag; without it such a request is a 400)")
     s.add_argument("--log-level", default="info")
     s.add_argument("--drain-timeout", type=float, default=5.0, help="seconds running requests get to finish on SIGTERM")
     s.add_argument("--no-web-ui", action="store_true", help="do not serve the chat page at / (the API is the same)")

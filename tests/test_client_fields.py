@@ -174,6 +174,13 @@ def test_chat_template_kwargs_are_bounded(client):
     assert chat(client, "hi", max_tokens=2, extra_body={"chat_template_kwargs": {"enable_thinking": False}}).choices
 
 
+def test_a_chat_template_from_the_request_is_refused_without_trust(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, "hi", max_tokens=1, extra_body={"chat_template": "{{ messages[0]['content'] }}"})
+    assert e.value.body["param"] == "chat_template"
+    assert "--trust-request-chat-template" in e.value.body["message"]
+
+
 def test_continuous_usage_stats(client):
     stream = chat(client, "hi", max_tokens=5, stream=True, stream_options={"include_usage": True},
                   extra_body={"stream_options": {"include_usage": True, "continuous_usage_stats": True}})
@@ -182,6 +189,23 @@ def test_continuous_usage_stats(client):
     counts = [u.completion_tokens for u in usages]
     assert counts == sorted(counts) and counts[-1] == 5 and len(set(counts)) > 2
     assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+
+
+def test_continuous_usage_stats_count_each_choice_alone(client):
+    """vLLM's shape: with n > 1 a chunk's usage is its own choice's tokens so far."""
+    stream = chat(client, "hi", n=2, max_tokens=6, temperature=1.0, seed=3, stream=True,
+                  extra_body={"ignore_eos": True,
+                              "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    per: dict[int, list[int]] = {0: [], 1: []}
+    final = None
+    for c in stream:
+        if not c.choices:
+            final = c.usage
+            continue
+        per[c.choices[0].index].append(c.usage.completion_tokens)
+    for counts in per.values():  # each choice rises to its own 6, never to the pair's 12
+        assert counts == sorted(counts) and counts[-1] == 6
+    assert final.completion_tokens == 12
 
 
 def test_an_unknown_field_is_accepted_logged_once_and_counted(client, server):

@@ -238,6 +238,25 @@ def test_malformed_json_and_unknown_route(client):
     assert_error(client.get("/v1/nothing"), 404)
 
 
+def test_a_requests_chat_template_is_refused_unless_the_server_trusts_it(client):
+    """vLLM's rule: a template sent with the request is code; only --trust-request-chat-template renders it."""
+    template = "{% for m in messages %}SAY {{ m['content'] }}.{% endfor %}{% if add_generation_prompt %} >{% endif %}"
+    err = assert_error(client.post("/v1/chat/completions", json=chat_body(chat_template=template)), 400,
+                       "chat_template", "--trust-request-chat-template")
+    assert err["code"] == "invalid_value"
+    engine = build_engine(EngineConfig(runtime="toy", model=MODEL))
+    with TestClient(create_app(AsyncEngine(engine), trust_request_chat_template=True)) as trusted:
+        tok = engine.tokenizer
+        r = trusted.post("/v1/chat/completions", json=chat_body(chat_template=template, max_tokens=1)).json()
+        assert r["usage"]["prompt_tokens"] == len(tok.encode("SAY hello there. >"))
+        plain = trusted.post("/v1/chat/completions", json=chat_body(max_tokens=1)).json()  # the model's own
+        assert plain["usage"]["prompt_tokens"] == len(tok.encode(tok.apply_chat_template(chat_body()["messages"])))
+        assert_error(trusted.post("/v1/chat/completions", json=chat_body(chat_template="{% if %}")), 400,
+                     "chat_template", "rejected")
+        too_long = "x" * ((1 << 17) + 1)
+        assert_error(trusted.post("/v1/chat/completions", json=chat_body(chat_template=too_long)), 400, "chat_template")
+
+
 def test_health_is_ok_after_errors(client):
     client.post("/v1/completions", json={"model": MODEL, "prompt": [99999]})
     assert client.get("/health").json()["status"] == "ok"

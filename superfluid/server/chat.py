@@ -22,23 +22,27 @@ from .tools import ToolPlan, plan_tools, render_chat
 
 
 def prepare(body: ChatCompletionRequest, tokenizer, params: SamplingParams, check_chars,
-            syntax: ToolSyntax = ToolSyntax()) -> tuple[str, ToolPlan | None, SamplingParams]:
+            syntax: ToolSyntax = ToolSyntax(), trust_template: bool = False,
+            ) -> tuple[str, ToolPlan | None, SamplingParams]:
     """The prompt text, the tool plan, and the params with a tool grammar where one applies
-    (and special tokens kept where the family's markers are special tokens)."""
+    (and special tokens kept where the family's markers are special tokens).
+    ``trust_template``: a ``chat_template`` sent with the request is rendered (the server
+    was started with --trust-request-chat-template), else it is a 400."""
     if not body.messages:
         raise APIError(400, "messages must not be empty", "messages", "invalid_value")
     try:
         messages = template_messages(body.messages)
         has_format = params.grammar is not None
         plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, has_format, syntax.family)
-        add_generation_prompt, template = _template_args(body)
+        add_generation_prompt, template = _template_args(body, trust_template)
     except ParamError as e:
         raise APIError(400, str(e), e.param, "invalid_value") from None
     check_chars(total_chars(messages), "messages")
     try:
         text = render_chat(tokenizer, messages, plan, add_generation_prompt, **template)
-    except Exception as e:  # a template that rejects the conversation (roles, order)
-        raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
+    except Exception as e:  # a template that rejects the conversation (roles, order), or a request's broken one
+        param = "messages" if body.chat_template is None else "chat_template"
+        raise APIError(400, f"the chat template rejected the messages: {e}", param, "invalid_value") from None
     if plan is not None and plan.constrained:
         try:
             params = params.with_(grammar=plan.grammar())
@@ -53,13 +57,20 @@ _RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "continue_f
                        "chat_template"})
 
 
-def _template_args(body: ChatCompletionRequest) -> tuple[bool, dict]:
+def _template_args(body: ChatCompletionRequest, trust_template: bool) -> tuple[bool, dict]:
     """add_generation_prompt and what else the template is given: only what the request
     set, so a tokenizer without vLLM's template arguments (the toy's) serves the rest."""
     given = body.model_fields_set
-    # the request's own fields say these (a template from the request is not accepted)
+    # the request's own fields say these, not its chat_template_kwargs
     kwargs = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED}
     json_bounds.check_nesting(kwargs, "chat_template_kwargs")
+    if body.chat_template is not None:
+        # vLLM's rule and message: a template is code the server runs (sandboxed Jinja, but
+        # its loops are the client's), so only an operator who said so renders one
+        if not trust_template:
+            raise ParamError("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                             "Refused request with untrusted chat template.", "chat_template")
+        kwargs["chat_template"] = body.chat_template
     add = body.add_generation_prompt
     if body.continue_final_message:
         if "add_generation_prompt" in given and add:
@@ -164,7 +175,8 @@ def install(app: FastAPI, serving: Serving) -> None:
 def tokenized(body: ChatCompletionRequest, serving: Serving) -> tuple[list[int], ToolPlan | None, SamplingParams]:
     """The prompt's token ids, the tool plan and the validated params; APIError for a bad request."""
     params = translated(chat_params, body)
-    text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars, serving.tool_syntax)
+    text, plan, params = prepare(body, serving.tokenizer, params, serving.check_chars, serving.tool_syntax,
+                                 serving.trust_request_chat_template)
     ids = serving.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
     asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     serving.validate(ids, params, asked, "messages")

@@ -34,6 +34,7 @@ def create_app(
     engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
     limits: Limits = Limits(), request_timeout: float = 0.0, api_key: str | None = None, web_ui: bool = True,
     streams: StreamConfig = StreamConfig(), store: StoreConfig = StoreConfig(), tool_call_parser: str = "auto",
+    trust_request_chat_template: bool = False,
 ) -> FastAPI:
     core = engine.engine
     name = model_name or core.model_name
@@ -50,7 +51,8 @@ def create_app(
     if api_key:  # added last: it runs first, so a request without the key costs no body read
         app.add_middleware(ApiKey, key=api_key)
     serving = Serving(engine, name, metrics, prompt_char_cap(limits, core.desc.max_seq_len), request_timeout,
-                      StreamHub(streams, idle_s=limits.stream_idle_s), registry.resolve(tool_call_parser, core.tokenizer))
+                      StreamHub(streams, idle_s=limits.stream_idle_s), registry.resolve(tool_call_parser, core.tokenizer),
+                      trust_request_chat_template)
     engine.start()  # also without a lifespan (TestClient used without `with`)
 
     status_routes.install(app, serving)

@@ -35,6 +35,7 @@ class _Lenient(BaseModel):
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 MAX_PROMPTS = 256  # prompts in one completions request (each is its own engine request)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_CHAT_TEMPLATE_CHARS = 1 << 17  # real templates are 1-20 KB; a request's is rendered only when trusted
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
@@ -130,6 +131,7 @@ class ChatCompletionRequest(_Sampling):
     continue_final_message: bool = False  # vLLM: the last (assistant) message is continued, not closed
     add_special_tokens: bool = False  # vLLM: the tokenizer's special tokens (BOS) on top of the template's
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
+    chat_template: str | None = Field(default=None, max_length=MAX_CHAT_TEMPLATE_CHARS)  # vLLM: needs --trust-request-chat-template
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True

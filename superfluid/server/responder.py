@@ -156,7 +156,8 @@ def _raise_failed(c: Choice, seconds: float | None) -> None:
 
 @dataclass
 class RunningUsage:
-    """vLLM's continuous_usage_stats: the usage so far, on every chunk. A choice counts
+    """vLLM's continuous_usage_stats: the usage so far, on every chunk. As vLLM's, a chunk
+    counts its own choice's tokens (with n > 1 each choice's chunks count that choice):
     its visible tokens as they stream, then its final count (a stop string may cut it)."""
 
     prompt_tokens: int
@@ -166,8 +167,8 @@ class RunningUsage:
         done = d.finish_reason is not None
         self.so_far[idx] = d.completion_tokens if done else self.so_far.get(idx, 0) + len(d.token_ids)
 
-    def body(self) -> dict:
-        n = sum(self.so_far.values())
+    def body(self, idx: int) -> dict:
+        n = self.so_far.get(idx, 0)
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
 
 
@@ -181,7 +182,7 @@ async def events(reply: Reply, shape: Shape, include_usage: bool,
     def chunk(entry: dict) -> str:
         c = dict(head, choices=[entry])
         if include_usage:  # every chunk names usage (null unless continuous) when the last one carries it
-            c["usage"] = running.body() if running is not None else None
+            c["usage"] = running.body(entry["index"]) if running is not None else None
         return sse(c)
 
     for entry in shape.opening(reply.n_choices):

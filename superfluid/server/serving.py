@@ -50,6 +50,7 @@ class Serving:
     request_timeout: float  # the server's deadline cap; 0: none
     streams: StreamHub = field(default_factory=StreamHub)  # every stream, resumable
     tool_syntax: ToolSyntax = ToolSyntax()  # how the model writes tool calls (--tool-call-parser)
+    trust_request_chat_template: bool = False  # a request's chat_template is rendered, not refused
 
     @property
     def core(self):

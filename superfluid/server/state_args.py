@@ -1,5 +1,6 @@
 """``superfluid serve``'s flags for what outlives a request: the state directory and the
-responses store's bounds (responses/store.py), the resumable streams' (stream_hub.py)."""
+responses store's bounds (responses/store.py), the resumable streams' (stream_hub.py); and
+the request-shaping flags create_app takes with them (tool-call parser, request templates)."""
 
 from __future__ import annotations
 
@@ -47,4 +48,5 @@ def app_kwargs(args: argparse.Namespace) -> dict:
                         max_age_s=args.responses_max_age)
     streams = StreamConfig(retention_s=args.stream_retention, grace_s=args.stream_grace,
                            max_streams=args.stream_max_retained, max_bytes=int(args.stream_max_mb * (1 << 20)))
-    return {"store": store, "streams": streams, "tool_call_parser": args.tool_call_parser}
+    return {"store": store, "streams": streams, "tool_call_parser": args.tool_call_parser,
+            "trust_request_chat_template": args.trust_request_chat_template}

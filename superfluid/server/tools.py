@@ -168,9 +168,10 @@ def _clean(message: str) -> str:
 def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_generation_prompt: bool,
                 **template) -> str:
     """The prompt text: the template's own tool syntax where it has one, else the fallback.
-    ``template``: more of apply_chat_template's arguments (continue_final_message, variables)."""
+    ``template``: more of apply_chat_template's arguments (continue_final_message, variables,
+    a trusted request's chat_template in place of the model's)."""
     show = plan is not None and plan.mode != "none"
-    if has_tool_syntax(getattr(tokenizer, "chat_template", None)):
+    if has_tool_syntax(template.get("chat_template") or getattr(tokenizer, "chat_template", None)):
         extra = {"tools": plan.prompt_tools()} if show else {}
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **template, **extra)
     msgs = [_fallback_turn(m) for m in messages]
