@@ -155,6 +155,11 @@ FORCED = {
     "llama3_json": '{"name": "get_weather", "parameters": {"city": "Pa\\"ris {x}"}}; {"name": "add", "parameters": {"a": 1, "b": 2}}',
     "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}"}}, '
                '{"name": "add", "arguments": {"a": 1, "b": 2}}]',
+    # the families whose calls are not JSON, in their own syntax (tools.py's grammar writes these)
+    "qwen3_coder": '<tool_call>\n<function=get_weather>\n<parameter=city>\nPa"ris {x}\n</parameter>\n</function>\n'
+                   '</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n'
+                   '</parameter>\n</function>\n</tool_call>',
+    "pythonic": '[get_weather(city="Pa\\"ris {x}"), add(a=1, b=2)]',
 }
 
 
@@ -206,7 +211,28 @@ def test_a_forced_call_the_ceiling_cuts_short_is_dropped():
     assert finish_reason(s, "length") == "length"
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral"])
+@pytest.mark.parametrize("family,first", [
+    ("qwen3_coder", '<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n'
+                    '</function>\n</tool_call>\n'),
+    ("pythonic", "[add(a=1, b=2), "),
+])
+def test_native_forced_calls_go_out_whole_and_a_cut_one_is_dropped(family, first):
+    """Qwen3-Coder XML and pythonic arguments are not JSON as written: each call goes out,
+    whole and as JSON, when it is complete; one the ceiling cuts short never does."""
+    s = open_stream(plan(family, "required"))
+    out = s.push(first)
+    assert [d["tool_calls"][0]["function"] for d in out] == [{"name": "add", "arguments": ""},
+                                                             {"arguments": '{"a": 1, "b": 2}'}]
+    cut = "<tool_call>\n<function=get_weather>\n<parameter=city>\nPa" if family == "qwen3_coder" else 'get_weather(city="Pa'
+    assert s.push(cut) == [] and s.finish() == []
+    assert [c["function"]["name"] for c in s.calls] == ["add"] and finish_reason(s, "length") == "tool_calls"
+    # a pythonic string value is read as the JSON the grammar wrote ("\/" is "/", "\u00e9" is "é")
+    if family == "pythonic":
+        _, calls, _ = whole(plan(family, "required"), '[get_weather(city="a\\/b \\u00e9")]')
+        assert json.loads(calls[0]["function"]["arguments"]) == {"city": "a/b é"}
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic"])
 def test_forced_calls_through_the_app_in_each_framing(family):
     """``create_app(tool_call_parser=...)`` (``--tool-call-parser``): the toy model writes
     under the family's grammar, the family's stream reads it, whole and streamed."""

@@ -55,7 +55,11 @@ CALLS = {  # one call of add, and one of get_weather, as each framing writes the
     "mistral": ('{"name": "add", "arguments": {"a": 1, "b": 2}}',
                 '{"name": "get_weather", "arguments": {"city": "Rome"}}', ", ", "[TOOL_CALLS][", "]"),
 }
-CALLS["qwen3_coder"] = CALLS["pythonic"] = CALLS["hermes"]  # families whose calls are not JSON: Hermes' framing
+CALLS["qwen3_coder"] = ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
+                        "</function>\n</tool_call>",
+                        "<tool_call>\n<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>",
+                        "\n", "", "")
+CALLS["pythonic"] = ("add(a=1, b=2)", 'get_weather(city="Rome")', ", ", "[", "]")
 
 
 def _matcher(plan):
@@ -82,6 +86,20 @@ def test_the_grammar_admits_calls_only(choice, parallel, syntax):
     assert accepts(start + call_add + sep + call_add + end) == (choice == "required" and parallel)
     assert not accepts(start + call_add.replace("1", '"one"') + end)
     assert not accepts("hello")
+
+
+def test_a_tool_list_the_native_syntax_cannot_say_is_framed_in_hermes_json():
+    """Pythonic calls need Python names; a schema with keywords beyond properties and
+    required (here: anyOf at the top) cannot be split into keyword arguments."""
+    dashed = {"type": "function", "function": {"name": "get-weather", "parameters": WEATHER["function"]["parameters"]}}
+    any_of = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]}}}
+    for t in (dashed, any_of):
+        plan = plan_tools(tools(t), "required", True, False, "pythonic")
+        assert plan.forced_syntax == "hermes"
+        assert '"<tool_call>\\n"' in plan.grammar().source
+    assert plan_tools(tools(any_of), "required", True, False, "qwen3_coder").forced_syntax == "qwen3_coder"
+    assert plan_tools(tools(ADD), "required", True, False, "pythonic").forced_syntax == "pythonic"
 
 
 @pytest.mark.parametrize("syntax", list(CALLS))

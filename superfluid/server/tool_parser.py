@@ -14,7 +14,8 @@ Two streams:
   as the model wrote it. With ``parallel_tool_calls: false`` only the first call is kept.
 - ``ForcedStream`` (written under the tool grammar): call 0 is announced as soon as its
   name is whole and its arguments stream as they are written — the grammar makes them
-  parse and validate. A later call goes out once it is complete, so that a call the
+  parse and validate (in Qwen3-Coder's XML and pythonic syntax the arguments are not JSON
+  as written: each call goes out whole once it is complete). A later call goes out once it is complete, so that a call the
   ``max_tokens`` ceiling cuts short never went out: it is dropped, and the calls before it
   are the answer (``finish_reason`` ``tool_calls``).
 
@@ -30,6 +31,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .toolcalls.forced import ForcedReader
+from .toolcalls.forced_native import NATIVE, native_reader
 from .toolcalls.registry import PARSERS
 from .toolcalls.scan import Found
 from .toolcalls.validate import ToolSchemas
@@ -142,7 +144,8 @@ def _merged(out: list[dict]) -> list[dict]:
 class ForcedStream(_Calls):
     def __init__(self, plan: ToolPlan):
         super().__init__()
-        self.reader = ForcedReader()
+        syntax = plan.forced_syntax
+        self.reader = native_reader(syntax, ToolSchemas(plan.functions)) if syntax in NATIVE else ForcedReader()
         self.forced = True
         self._held: _Call | None = None  # a later call, until it is complete
         self._held_args: list[str] = []

@@ -13,8 +13,9 @@ one block per call. ``tool_choice``:
   (tool_parser.py) and kept when they follow their tool's schema, anything else is content;
 - ``required`` / a named function: the output is generated under a grammar that admits
   only calls whose arguments follow the function's JSON schema (xgrammar, with no free
-  whitespace), framed in the family's JSON syntax (toolcalls/forced.py), so every call
-  parses and validates. ``parallel_tool_calls`` lets ``required`` write up to
+  whitespace), written in the family's own syntax: its JSON framing (toolcalls/forced.py),
+  Qwen3-Coder's XML or a pythonic list (toolcalls/forced_native.py; Hermes' JSON for a
+  tool list that syntax cannot say exactly), so every call parses and validates. ``parallel_tool_calls`` lets ``required`` write up to
   ``MAX_PARALLEL_CALLS`` calls; a named function, or ``parallel_tool_calls: false``, gets
   one, and the grammar then ends with it: end of text is all it admits.
 
@@ -30,13 +31,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import xgrammar as xgr
 
 from ..engine.params import GrammarSpec, ParamError
 from . import json_bounds
 from .tool_models import NamedToolChoice, Tool
-from .toolcalls.forced import framing
+from .toolcalls.forced import FRAMINGS, framing
+from .toolcalls.forced_native import NATIVE, native_grammar
 from .toolcalls.hermes import CLOSE, OPEN
 from .toolcalls.registry import has_tool_syntax
 MAX_TOOLS = 128  # OpenAI's limit
@@ -67,19 +70,32 @@ class ToolPlan:
         return self.mode != "none"
 
     def grammar(self) -> GrammarSpec | None:
-        if not self.constrained:
-            return None
-        fr = framing(self.syntax)
+        return GrammarSpec("ebnf", self._forced[1], "tools") if self.constrained else None
+
+    @property
+    def forced_syntax(self) -> str:
+        """The syntax the grammar writes calls in: the family's own, or Hermes' JSON where
+        the family's calls are not JSON and its framing cannot say these tools exactly."""
+        return self._forced[0]
+
+    @cached_property
+    def _forced(self) -> tuple[str, str]:
         fns = [f for f in self.functions if self.mode == "required" or f["name"] == self.named]
+        max_calls = MAX_PARALLEL_CALLS if self.mode == "required" and self.parallel else 1
+        if self.syntax in NATIVE:
+            text = native_grammar(self.syntax, fns, max_calls)
+            if text is not None:
+                return self.syntax, text
+        fr = framing(self.syntax)
         calls = [_call_grammar(f, fr.key) for f in fns]
         one = _concat(_literal(fr.open), xgr.Grammar.union(*calls) if len(calls) > 1 else calls[0], _literal(fr.close))
         # root renamed: the whole output is start, 1..n calls (one unless parallel), end
         block = re.sub(r"^root ::=", "tool_call_block ::=", str(one), count=1, flags=re.M)
         body = "tool_call_block"
-        if self.mode == "required" and self.parallel:
-            body = f"tool_call_block ({_ebnf(fr.sep)} tool_call_block){{0,{MAX_PARALLEL_CALLS - 1}}}"
+        if max_calls > 1:
+            body = f"tool_call_block ({_ebnf(fr.sep)} tool_call_block){{0,{max_calls - 1}}}"
         root = " ".join(x for x in (_ebnf(fr.start), body, _ebnf(fr.end)) if x)
-        return GrammarSpec("ebnf", f"root ::= {root}\n{block}", "tools")
+        return (self.syntax if self.syntax in FRAMINGS else "hermes"), f"root ::= {root}\n{block}"
 
     def prompt_tools(self) -> list[dict]:
         """The tools as templates render them (OpenAI's shape)."""

@@ -3,8 +3,9 @@ family frames them, and the eager reader of that output.
 
 The grammar (tools.py) writes ``start``, then each call as ``open`` +
 ``{"name": "<name>", "<key>": <arguments>}`` + ``close``, ``sep`` between calls, then
-``end``: the family's own JSON syntax where it has one, Hermes' for the families whose
-calls are not JSON (Qwen3-Coder's XML, pythonic).
+``end``: the family's own JSON syntax. The families whose calls are not JSON (Qwen3-Coder's
+XML, pythonic) are written in their own syntax by forced_native.py, or in Hermes' framing
+where that syntax cannot say a tool list exactly.
 
 The reader needs no tool list and no validation: the grammar admits only calls whose
 arguments follow their schema. So a call is announced as soon as its name is whole and

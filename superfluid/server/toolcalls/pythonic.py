@@ -12,6 +12,7 @@ calls with literal keyword arguments stays content.
 from __future__ import annotations
 
 import ast
+import json
 
 from .hermes import Closed
 from .scan import PyEnd, Scanner
@@ -32,11 +33,15 @@ def _value(node: ast.AST):
     return ast.literal_eval(node)
 
 
-def _call(node: ast.AST) -> tuple[str, dict] | None:
+def parse_call(node: ast.AST, source: str | None = None) -> tuple[str, dict] | None:
+    """``f(a=1)`` as (name, arguments), else None. With ``source`` (the text ``node`` was
+    parsed from: calls written under the JSON value grammar), each value is read as JSON."""
     if not isinstance(node, ast.Call) or node.args or not isinstance(node.func, (ast.Name, ast.Attribute)):
         return None
     if any(k.arg is None for k in node.keywords):  # **kwargs
         return None
+    if source is not None:
+        return ast.unparse(node.func), {k.arg: json.loads(ast.get_source_segment(source, k.value)) for k in node.keywords}
     return ast.unparse(node.func), {k.arg: _value(k.value) for k in node.keywords}
 
 
@@ -46,7 +51,7 @@ def parse_list(text: str):
         tree = ast.parse(text.strip(), mode="eval")
         if not isinstance(tree.body, ast.List) or not tree.body.elts:
             return None
-        calls = [_call(x) for x in tree.body.elts]
+        calls = [parse_call(x) for x in tree.body.elts]
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
         return None
     return None if any(c is None for c in calls) else calls
