@@ -1,7 +1,7 @@
 """Tool calling: what a request's ``tools`` and ``tool_choice`` ask, and how it is prompted.
 
 The call syntax is the model family's (toolcalls/registry.py picks it from the chat
-template: Hermes, Llama 3 JSON, Mistral, Qwen3-Coder XML, pythonic); Hermes' is
+template: Hermes, Llama 3 JSON, Mistral, Qwen3-Coder XML, pythonic, Granite); Hermes' is
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
