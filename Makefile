@@ -18,13 +18,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # llama.cpp's convert_hf_to_gguf.py (and its gguf-py) from the llama-cpp-python sdist we pin:
-# tests/test_architectures_gguf.py converts tiny models of each architecture with it.
+# tests/test_architectures_gguf.py converts tiny models of each architecture with it; the real
+# chat templates of model families (models/templates) are rendered by tests/test_family_templates.py.
 LCP := llama_cpp_python-0.3.36
 converter:
 	$(BIN)/pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d $(VENV)/sdist
 	tar xzf $(VENV)/sdist/$(LCP).tar.gz -C $(VENV) --strip-components=2 --wildcards \
 		'$(LCP)/vendor/llama.cpp/convert_hf_to_gguf.py' '$(LCP)/vendor/llama.cpp/conversion/*' \
-		'$(LCP)/vendor/llama.cpp/gguf-py/*'
+		'$(LCP)/vendor/llama.cpp/gguf-py/*' '$(LCP)/vendor/llama.cpp/models/templates/*'
 	rm -rf $(VENV)/sdist
 
 test: setup

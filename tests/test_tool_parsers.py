@@ -62,6 +62,9 @@ RECORDED = [
     ("pythonic", '[get_weather(city="Paris", unit="celsius"), add(a=1, b=2)]', None, [PARIS, ONE_TWO]),
     ("pythonic", "<|python_start|>[write_note(text='it\\'s [done]', tags=['x'], pinned=true)]<|python_end|>", None,
      [("write_note", {"text": "it's [done]", "tags": ["x"], "pinned": True})]),  # Llama 4
+    ("granite", 'Checking.<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+                '{"name": "add", "arguments": {"a": 1, "b": 2}}]', "Checking.", [PARIS, ONE_TWO]),  # Granite 3.x
+    ("granite", '<|tool_call|> {"name": "add", "arguments": {"a": 1, "b": 2}}', None, [ONE_TWO]),
 ]
 
 
@@ -117,6 +120,8 @@ NOT_CALLS = [  # (family, text): each stays content, exactly as written
     ("pythonic", "[add(1, 2)]"),  # positional arguments: no names to give them
     ("pythonic", "Try [add(a=1, b=2)] yourself."),
     ("pythonic", "[add(a=1, b=__import__('os'))]"),
+    ("granite", '<|tool_call|>[{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "nope", "arguments": {}}]'),
+    ("granite", "<|tool_call|> none of them fit"),
 ]
 
 
@@ -160,6 +165,8 @@ FORCED = {
                    '</tool_call>\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n'
                    '</parameter>\n</function>\n</tool_call>',
     "pythonic": '[get_weather(city="Pa\\"ris {x}"), add(a=1, b=2)]',
+    "granite": '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Pa\\"ris {x}"}}, '
+               '{"name": "add", "arguments": {"a": 1, "b": 2}}]',
 }
 
 
@@ -232,7 +239,7 @@ def test_native_forced_calls_go_out_whole_and_a_cut_one_is_dropped(family, first
         assert json.loads(calls[0]["function"]["arguments"]) == {"city": "a/b é"}
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic"])
+@pytest.mark.parametrize("family", ["hermes", "llama3_json", "mistral", "granite", "qwen3_coder", "pythonic"])
 def test_forced_calls_through_the_app_in_each_framing(family):
     """``create_app(tool_call_parser=...)`` (``--tool-call-parser``): the toy model writes
     under the family's grammar, the family's stream reads it, whole and streamed."""
@@ -279,6 +286,8 @@ TEMPLATES = {  # tiny templates with each family's markers, as the real ones wri
                 "func_name2(params)]{% endif %}",
     "llama3_json": "{% if tools %}Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
                    "name and its value}.{% endif %}{% if builtin_tools %}<|python_tag|>{% endif %}",
+    "granite": "{% if tools and not available_tools %}{% set available_tools = tools %}{% endif %}{% if available_tools %}"
+               "respond only with <|tool_call|> followed by a JSON list of tools used.{% endif %}",
 }
 
 
@@ -297,7 +306,7 @@ def test_parser_selection_defaults_and_flags():
     assert select("pythonic", TEMPLATES["mistral"]) == "pythonic"  # the flag wins
     with pytest.raises(ValueError):
         select("nope", None)
-    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic"}
+    assert set(PARSERS) == {"hermes", "llama3_json", "mistral", "qwen3_coder", "pythonic", "granite"}
 
 
 class _Tok:
@@ -341,7 +350,8 @@ def test_a_200kb_response_pushed_char_by_char_costs_linear_time(family):
              "llama3_json": '<|python_tag|>{"name": "write_note", "parameters": {"text": %s}}',
              "mistral": '[TOOL_CALLS]write_note[ARGS]{"text": %s}',
              "qwen3_coder": "<tool_call>\n<function=write_note>\n<parameter=text>\n%s\n</parameter>\n</function>\n</tool_call>",
-             "pythonic": "<|python_start|>[write_note(text=%s)]<|python_end|>"}
+             "pythonic": "<|python_start|>[write_note(text=%s)]<|python_end|>",
+             "granite": '<|tool_call|>[{"name": "write_note", "arguments": {"text": %s}}]'}
     arg = json.dumps(prose) if family != "qwen3_coder" else prose
     text = prose + "\n" + calls[family] % arg
     assert len(whole(plan(family), text)[1]) == 1

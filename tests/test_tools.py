@@ -54,6 +54,8 @@ CALLS = {  # one call of add, and one of get_weather, as each framing writes the
                     '{"name": "get_weather", "parameters": {"city": "Rome"}}', "; ", "", ""),
     "mistral": ('{"name": "add", "arguments": {"a": 1, "b": 2}}',
                 '{"name": "get_weather", "arguments": {"city": "Rome"}}', ", ", "[TOOL_CALLS][", "]"),
+    "granite": ('{"name": "add", "arguments": {"a": 1, "b": 2}}',
+                '{"name": "get_weather", "arguments": {"city": "Rome"}}', ", ", "<|tool_call|>[", "]"),
 }
 CALLS["qwen3_coder"] = ("<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n"
                         "</function>\n</tool_call>",

@@ -1,7 +1,7 @@
 """Tool calling: what a request's ``tools`` and ``tool_choice`` ask, and how it is prompted.
 
 The call syntax is the model family's (toolcalls/registry.py picks it from the chat
-template: Hermes, Llama 3 JSON, Mistral, Qwen3-Coder XML, pythonic); Hermes' is
+template: Hermes, Llama 3 JSON, Mistral, Qwen3-Coder XML, pythonic, Granite); Hermes' is
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -23,7 +23,8 @@ Prompting: a chat template that has tool syntax (it mentions ``tools``) renders 
 tools and tool turns itself. For one that has none (the default model's), the fallback:
 the tool list and Hermes' format go into the system message, an assistant turn's calls
 are written as call blocks after its content, and a ``tool`` result is a ``user`` turn
-holding ``<tool_response>...</tool_response>``.
+holding ``<tool_response>...</tool_response>``. A template that refuses a system turn (Gemma 2's)
+gets the tools at the start of the first user turn instead.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import xgrammar as xgr
+from jinja2.exceptions import TemplateError
 
 from ..engine.params import GrammarSpec, ParamError
 from . import json_bounds
@@ -191,13 +193,23 @@ def render_chat(tokenizer, messages: list[dict], plan: ToolPlan | None, add_gene
         extra = {"tools": plan.prompt_tools()} if show else {}
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **template, **extra)
     msgs = [_fallback_turn(m) for m in messages]
-    if show:
-        intro = fallback_system_text(plan)
-        if msgs and msgs[0]["role"] == "system":
-            msgs[0] = dict(msgs[0], content=f"{msgs[0]['content']}\n\n{intro}" if msgs[0]["content"] else intro)
-        else:
-            msgs.insert(0, {"role": "system", "content": intro})
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **template)
+
+    def render(turns: list[dict]) -> str:
+        return tokenizer.apply_chat_template(turns, add_generation_prompt=add_generation_prompt, **template)
+
+    if not show:
+        return render(msgs)
+    intro = fallback_system_text(plan)
+    if msgs and msgs[0]["role"] == "system":
+        msgs[0] = dict(msgs[0], content=f"{msgs[0]['content']}\n\n{intro}" if msgs[0]["content"] else intro)
+        return render(msgs)
+    try:
+        return render([{"role": "system", "content": intro}, *msgs])
+    except TemplateError:
+        # a template with no system role (Gemma 2's raises on one): the tools open the first user turn
+        if not msgs or msgs[0]["role"] != "user":
+            raise
+        return render([dict(msgs[0], content=f"{intro}\n\n{msgs[0]['content']}"), *msgs[1:]])
 
 
 def fallback_system_text(plan: ToolPlan) -> str:

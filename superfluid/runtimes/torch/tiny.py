@@ -114,10 +114,11 @@ def quantize_tensor(arr: np.ndarray, qtype: Q) -> np.ndarray:
     return quantize(arr.astype(np.float32), qtype)
 
 
-def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default", add_bos: bool | None = None) -> int:
+def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default", add_bos: bool | None = None,
+                    chat_template: str | None = None) -> int:
     """Tokenizer metadata; returns the vocabulary size. ``pre``: the BPE pre-tokenizer's name;
     ``add_bos``: tokenizer.ggml.add_bos_token (None: the kind's usual, False for BPE as SmolLM2,
-    True for sentencepiece as Llama 2)."""
+    True for sentencepiece as Llama 2); ``chat_template``: None for the tiny one of the kind."""
     if tokenizer == "gpt2":
         tokens, types, merges = tiny_vocab()
         w.add_tokenizer_model("gpt2")
@@ -128,7 +129,7 @@ def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default", add_bos
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_add_bos_token(bool(add_bos))
-        w.add_chat_template(TINY_TEMPLATE)
+        w.add_chat_template(chat_template or TINY_TEMPLATE)
     elif tokenizer == "llama":  # as llama.cpp's converter writes Llama 2: no merges, scores instead
         tokens, scores, types = tiny_spm_vocab()
         w.add_tokenizer_model("llama")
@@ -141,7 +142,7 @@ def write_tokenizer(w: GGUFWriter, tokenizer: str, pre: str = "default", add_bos
         w.add_eos_token_id(2)
         w.add_add_bos_token(add_bos is None or add_bos)
         w.add_add_eos_token(False)
-        w.add_chat_template(SPM_TEMPLATE)
+        w.add_chat_template(chat_template or SPM_TEMPLATE)
     else:
         raise ValueError(f"unknown tiny tokenizer {tokenizer!r}")
     return len(tokens)
@@ -169,6 +170,7 @@ class TinyModel:
     tokenizer: str = "gpt2"
     tokenizer_pre: str = "default"
     add_bos: bool | None = None  # tokenizer.ggml.add_bos_token (None: the tokenizer kind's usual)
+    chat_template: str | None = None  # tokenizer.chat_template (None: the tokenizer kind's tiny one)
     # extra fields under the architecture's prefix, e.g. {"attention.sliding_window": 8}
     meta: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     # broken on purpose, for files a loader must reject: tensors left out, shapes replaced,
@@ -199,7 +201,7 @@ class TinyModel:
         w.add_head_count_kv(self.n_kv_heads)
         w.add_rope_freq_base(10000.0)
         w.add_layer_norm_rms_eps(1e-5)
-        vocab = write_tokenizer(w, self.tokenizer, self.tokenizer_pre, self.add_bos)
+        vocab = write_tokenizer(w, self.tokenizer, self.tokenizer_pre, self.add_bos, self.chat_template)
         w.add_vocab_size(vocab)
         w.add_rope_dimension_count(self.hidden // self.n_heads)
         for key, value in self.meta.items():  # bool before int: True is an int too

@@ -39,6 +39,7 @@ FRAMINGS = {
     "hermes": HERMES,
     "llama3_json": Framing("", "parameters", "", "; "),
     "mistral": Framing("", "arguments", "", ", ", start="[TOOL_CALLS][", end="]"),
+    "granite": Framing("", "arguments", "", ", ", start="<|tool_call|>[", end="]"),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .granite import TOOL_CALL, Granite
 from .hermes import OPEN, Hermes
 from .llama3 import PYTHON_TAG, Llama3Json
 from .mistral import ARGS, CALL_ID, TOOL_CALLS, Mistral
@@ -23,6 +24,7 @@ PARSERS: dict[str, type[Scanner]] = {
     "mistral": Mistral,
     "qwen3_coder": Qwen3Xml,
     "pythonic": Pythonic,
+    "granite": Granite,
 }
 
 # the marker text each family's parser must see: where the model's vocabulary has it as a
@@ -33,6 +35,7 @@ MARKERS = {
     "mistral": (TOOL_CALLS, ARGS, CALL_ID),
     "qwen3_coder": (OPEN, "</tool_call>"),
     "pythonic": (PYTHON_START, PYTHON_END),
+    "granite": (TOOL_CALL,),
 }
 
 # (family, markers that all appear in its templates), the first that matches wins:
@@ -41,6 +44,7 @@ _SIGNS = (
     ("mistral", ("[TOOL_CALLS]",)),
     ("qwen3_coder", ("<function=", "<parameter=")),
     ("hermes", ("<tool_call>",)),
+    ("granite", ("<|tool_call|>",)),
     ("pythonic", ("<|python_start|>",)),
     ("pythonic", ("func_name1(",)),  # the pythonic templates' instruction: [func_name1(params_name1=...)]
     ("llama3_json", ("<|python_tag|>",)),
