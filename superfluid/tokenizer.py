@@ -15,8 +15,8 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers
 
 from .models import ModelLoadError
-from .runtimes.base import Vocabulary
-from .tokenizer_api import TokenizerAPI, _compile  # noqa: F401  (_compile: the llamacpp tokenizer's too)
+from .tokenizer_api import TokenizerAPI
+from .vocabulary import Vocabulary
 
 # GGUF token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
 UNKNOWN, CONTROL, USER_DEFINED, BYTE = 2, 3, 4, 6

@@ -10,10 +10,12 @@ processing). A runtime may return views into one batched array.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from ..vocabulary import Vocabulary  # noqa: F401  (a leaf: the tokenizer builds it too)
 
 
 # ------------------------------------------------------------------ errors
@@ -97,15 +99,6 @@ class MemCounters:
     cells_total: int = 0  # 0: the runtime does not count cells
     cells_used: int = 0
     allocated_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class Vocabulary:
-    """What grammars and penalties need of the tokenizer."""
-
-    tokens: list[bytes]  # each id's raw bytes as it appears in text
-    eos: list[int] = field(default_factory=list)
-    specials: list[tuple[str, int]] = field(default_factory=list)
 
 
 # ------------------------------------------------------------- the protocol
