@@ -5,7 +5,9 @@ it (``Executor.run_tick``), apply the events (``update``, tick_events.py). A pla
 answers with ``NeedsReplan`` changed nothing, so the step rebuilds it tighter:
 fewer admissions, then one decode round, then a preempted lane (retired without
 publishing, re-admitted later with ``decode_replay``), and only when a single
-request cannot fit alone does that request fail.
+request cannot fit alone does that request fail (pressure.py decides which). A step's
+prefix leases are leasing.py's; which new request a failed step is blamed on,
+isolation.py's.
 
 Token-level finishing lives here (``_accept``): the executor's EOS / length /
 grammar finishes, stop token ids and ``max_tokens``. Text-level finishing (stop
@@ -25,8 +27,10 @@ from ..pages import cells_for
 from .config import SchedulerConfig
 from .host_pick import HostPickError
 from .host_sampling import HostSampler
-from .handles import LeasedPrefix
+from .isolation import FaultIsolation
+from .leasing import StepLeases
 from .planner import Limits, Planner, ScheduledTick, SchedulerView
+from .pressure import NO_FIT, relieve
 from .priority import PriorityPolicy
 from .request import FinishReason, Request, Status
 from .tick_events import EventsApplied
@@ -56,18 +60,14 @@ class Scheduler(EventsApplied):
         self._ending: list[Request] = []
         self.draining = False
         self.stats = SchedulerStats()
-        # Fault isolation (isolate): a step that raises is blamed on the new requests the
-        # failed plan could admit, never on lanes that ran before it.
-        self._untested: set[int] = set()  # id(req): submitted, not yet in an accepted tick
-        self._probation: list[Request] = []  # suspects of a failed step: admitted one a tick
-        self._shown: list[Request] = []  # the untested requests the last plan was built over
+        self.isolation = FaultIsolation()
 
     # ------------------------------------------------------------ requests
     def add(self, req: Request, fresh: bool = False) -> None:
         """Queue a request; ``fresh``: newly submitted (it has never been in a tick)."""
         self.policy.key(req)  # a request whose place cannot be computed is refused before it queues
         if fresh:
-            self._untested.add(id(req))
+            self.isolation.submitted(req)
         req.status = Status.WAITING
         self.waiting.append(req)
         self.policy.order(self.waiting)
@@ -77,47 +77,24 @@ class Scheduler(EventsApplied):
         part-way is undone whole)."""
         if req in self.waiting:
             self.waiting.remove(req)
-        self._untested.discard(id(req))
+        self.isolation.forget(req)
 
     def isolate(self, error: BaseException) -> list[Request] | None:
-        """A step raised ``error``. Blame the new requests its plan was built over: one
-        alone fails (returned, finished with an error); several go on probation, where
-        the plan may admit only one of them a tick, so a repeat failure names its
-        request. None: no new request can be blamed (the fault lies with running lanes
-        or the executor)."""
-        suspects = [r for r in self._shown if not r.is_finished and id(r) in self._untested]
-        self._shown = []
-        if not suspects:
-            return None
-        if len(suspects) > 1:
-            self._probation += [r for r in suspects if r not in self._probation]
-            return []
-        req = suspects[0]
-        self._untested.discard(id(req))
-        if req in self._probation:
-            self._probation.remove(req)
-        self.finish(req, FinishReason.ERROR, f"the request could not be run: {error!r}")
-        return [req]
+        """A step raised ``error``: the new request it is blamed on finishes with the error
+        (returned); [] when several suspects went on probation; None when no new request
+        can be blamed (isolation.py)."""
+        blamed = self.isolation.blame()
+        for req in blamed or ():
+            self.finish(req, FinishReason.ERROR, f"the request could not be run: {error!r}")
+        return blamed
 
     def _admissible(self) -> list[Request]:
-        """The waiting requests a plan may admit: all whose grammar is compiled, except
-        during probation, when only the first suspect and requests that have run before
-        (no new one: each failure must have a single suspect)."""
-        self._probation = [r for r in self._probation if not r.is_finished and r in self.waiting]
+        """The waiting requests a plan may admit: those whose grammar is compiled, as
+        fault isolation allows."""
         waiting = self.waiting
         if any(r.handles.grammar_pending for r in waiting):  # still compiling: not yet
             waiting = [r for r in waiting if not r.handles.grammar_pending]
-        if not self._probation:
-            return waiting
-        first = self._probation[0]
-        return [r for r in waiting if r is first or id(r) not in self._untested]
-
-    def _tested(self, tick: ScheduledTick) -> None:
-        """The executor accepted a tick: the requests it admitted are no longer new."""
-        for a in tick.admissions:
-            self._untested.discard(id(a.request))
-            if a.request in self._probation:
-                self._probation.remove(a.request)
+        return self.isolation.admissible(waiting, self.waiting)
 
     def finish(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
         """End a request (stop string, abort), releasing its handles; a live lane
@@ -175,45 +152,18 @@ class Scheduler(EventsApplied):
             # Publish finished lanes before leasing, so a request that shares their
             # prefix (the next turn, a resent prompt) is leased from them.
             self._retire_now()
-        limits = Limits()
-        leases: dict[int, LeasedPrefix | None] = {}  # one lease per request across re-plans
-
-        def lease(req: Request) -> LeasedPrefix | None:
-            if req.params.prompt_logprobs is not None:
-                return None  # every prompt token is scored from a row of its own prefill
-            if req.handles.adopted is not None:  # a handed-over lane's KV, adopted for it
-                leases[id(req)] = req.handles.adopted
-                return req.handles.adopted
-            if not self.desc.batch_invariant and req.index == 0 and req.params.seed is not None:
-                # A cached prefix was computed along another path (chunking, batch company):
-                # on a runtime whose rows depend on that, a seeded request prefills afresh so
-                # that it gives the same text on every call. Its own forks still share its prompt.
-                return None
-            if id(req) not in leases:
-                got = self.ex.lease_prefix(
-                    req.history, ttl_ticks=self.config.lease_ttl_ticks, determinism_class=self.config.determinism_class,
-                    cache_key=req.cache_key,
-                )
-                leases[id(req)] = LeasedPrefix(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
-            return leases[id(req)]
-
-        used: set[int] = set()  # lease handles the accepted tick's admits consumed
+        leases = StepLeases(self.ex, self.config, self.desc.batch_invariant)
         try:
-            updates = self._plan_and_run(limits, lease, used, on_token)
+            updates = self._plan_and_run(Limits(), leases, on_token)
             carried, self._carried = self._carried, []
             return carried + updates
         finally:
-            # A lease pins its cache entry: one a request leased but was not admitted
-            # with goes back now, not at its TTL (the pool must stay evictable).
-            # (An adopted lease stays with its request until an admit takes it.)
-            for lease in leases.values():
-                if lease is not None and lease.handle not in used and not any(r.handles.adopted is lease for r in self.waiting):
-                    self.ex.release_lease(lease.handle)
+            leases.release_unused(self.waiting)
 
-    def _plan_and_run(self, limits: Limits, lease, used: set[int], on_token) -> list[RequestUpdate]:
+    def _plan_and_run(self, limits: Limits, leases: StepLeases, on_token) -> list[RequestUpdate]:
         for _ in range(self.config.max_replans):
             self.rings.begin_prompts()
-            tick = self.planner.build(self._view(), limits, lease, self.rings.write_prompt)
+            tick = self.planner.build(self._view(), limits, leases, self.rings.write_prompt)
             if tick.preempt_for:
                 # A waiting request of better priority than these lanes met a full batch or
                 # pool: they give way (retired unpublished, replayed later to the same text).
@@ -241,7 +191,7 @@ class Scheduler(EventsApplied):
                 tick.plan = msgspec.structs.replace(tick.plan, protected_quota_bytes=self._protected_quota)
             out, updates = self._run(tick, on_token)
             if out.status == abi.Status.OK:
-                used.update(a.lease.handle for a in tick.admissions if a.lease is not None)
+                leases.used.update(a.lease.handle for a in tick.admissions if a.lease is not None)
                 return self._take_failed() + updates
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
@@ -275,7 +225,6 @@ class Scheduler(EventsApplied):
 
     def _view(self) -> SchedulerView:
         waiting = self._admissible()
-        self._shown = [r for r in waiting if id(r) in self._untested]
         return SchedulerView(
             running=list(self.running.values()),
             waiting=waiting,
@@ -300,7 +249,7 @@ class Scheduler(EventsApplied):
         try:
             out = self.ex.run_tick(tick.plan, on_partial_emit=callback)
             if out.status == abi.Status.OK:
-                self._tested(tick)
+                self.isolation.tested(a.request for a in tick.admissions)
                 for a in tick.admissions:
                     a.request.handles.adopted_taken()
                 self.update(tick, out.events, updates, tokens_streamed=partial)
@@ -391,30 +340,14 @@ class Scheduler(EventsApplied):
 
     # ------------------------------------------------------------ memory pressure
     def _relieve(self, tick: ScheduledTick, limits: Limits) -> Limits:
-        """Tighten a plan the executor could not fit: fewer admissions, one round,
-        then preemption; a request that cannot fit alone fails."""
+        """Tighten a plan the executor could not fit (pressure.py decides what goes)."""
         live = [r for r in self.running.values() if not r.retire_pending]
-        if tick.admissions:
-            if not live and len(tick.admissions) == 1 and not self._orphans:
-                req = tick.admissions[0].request
-                self._fail(req, "the request does not fit in the KV cache")
-                return limits
-            limits.max_admits = len(tick.admissions) - 1
-            return limits
-        if any(k > 1 for k in tick.decodes.values()) and limits.rounds != 1:
-            limits.rounds = 1
-            return limits
-        if len(live) > 1:
-            self._preempt(self.policy.worst(live))
-            limits.max_admits = 0  # not this tick: the preempted request would come right back
-            return limits
-        if any(r.publish_to_cache for r in tick.plan.retires) and limits.publish_retires:
-            limits.publish_retires = False  # publishing needs cells: retire without it
-            return limits
-        if live:
-            self._fail(live[0], "the request does not fit in the KV cache")
-            return limits
-        raise SchedulerError("NeedsReplan with nothing left to give up")
+        relief = relieve(tick, limits, live, bool(self._orphans), self.policy.worst)
+        if relief.preempt is not None:
+            self._preempt(relief.preempt)
+        if relief.fail is not None:
+            self._fail(relief.fail, NO_FIT)
+        return relief.limits
 
     def use_strategy(self, slot: int) -> None:
         """Admit lanes into the executor's speculative strategy at ``slot`` (0: none)."""
