@@ -15,9 +15,9 @@ Two streams:
 - ``ForcedStream`` (written under the tool grammar): call 0 is announced as soon as its
   name is whole and its arguments stream as they are written — the grammar makes them
   parse and validate (in Qwen3-Coder's XML and pythonic syntax the arguments are not JSON
-  as written: each call goes out whole once it is complete). A later call goes out once it is complete, so that a call the
-  ``max_tokens`` ceiling cuts short never went out: it is dropped, and the calls before it
-  are the answer (``finish_reason`` ``tool_calls``).
+  as written: each call goes out whole once it is complete). A later call goes out once
+  it is complete, so that a call the ``max_tokens`` ceiling cuts short never went out: it
+  is dropped, and the calls before it are the answer (``finish_reason`` ``tool_calls``).
 
 Invariants: what went out is never taken back (content that could still begin a call is
 held back by the parser; an argument fragment only extends its call's arguments). Work per

@@ -15,9 +15,10 @@ one block per call. ``tool_choice``:
   only calls whose arguments follow the function's JSON schema (xgrammar, with no free
   whitespace), written in the family's own syntax: its JSON framing (toolcalls/forced.py),
   Qwen3-Coder's XML or a pythonic list (toolcalls/forced_native.py; Hermes' JSON for a
-  tool list that syntax cannot say exactly), so every call parses and validates. ``parallel_tool_calls`` lets ``required`` write up to
-  ``MAX_PARALLEL_CALLS`` calls; a named function, or ``parallel_tool_calls: false``, gets
-  one, and the grammar then ends with it: end of text is all it admits.
+  tool list that syntax cannot say exactly), so every call parses and validates.
+  ``parallel_tool_calls`` lets ``required`` write up to ``MAX_PARALLEL_CALLS`` calls; a
+  named function, or ``parallel_tool_calls: false``, gets one, and the grammar then ends
+  with it: end of text is all it admits.
 
 Prompting: a chat template that has tool syntax (it mentions ``tools``) renders the
 tools and tool turns itself. For one that has none (the default model's), the fallback:
