@@ -1,11 +1,13 @@
 /* Native CPU kernels for decode-sized steps (built by kernels.py with the system C compiler).
  *
- * - sf_gemv_q8_0 / sf_gemv_q4_1: y[m, n] (+)= sum_k W[n, k] x[m, k] for a few rows m, with W
- *   quantized in blocks of 32 along k (q8_0: int8 q, w = d q; q4_1: 4-bit q, w = d q + mn)
- *   and x quantized per block of 32 to int8 on entry (as llama.cpp's q8 activations), so
- *   the inner product is integer (AVX2 maddubs) and a token streams ~1 (q8_0) or ~0.6
- *   (q4_1) bytes per weight instead of 4 (fp32). Single-row decode is memory-bound; this is
- *   what makes it fast.
+ * - sf_gemv: y[m, n] (+)= sum_k W[n, k] x[m, k] for a few rows m, with W in a GGUF file's
+ *   own block types (q8_0, q4_1 (Q4_0 as q4_1 with min -8d), q5_1 (Q5_0: min -16d), q4_k,
+ *   q5_k, q6_k), repacked at load for these tiles but never requantized, and x quantized
+ *   per block of 32 to int8 on entry (as llama.cpp's q8 activations; finer than its q8_K
+ *   for K-quants), so the inner product is integer (AVX2 maddubs or VNNI) and a token
+ *   streams ~0.56-1.06 bytes per weight instead of 4 (fp32). Single-row decode is
+ *   memory-bound; this is what makes it fast. A fused matrix may stack parts of several
+ *   kinds (sf_qcat).
  * - sf_attend_decode: one query token per sequence against its keys in the paged KV pool
  *   (cells gathered by index), fp32, softmax with the running maximum subtracted.
  * - sf_rms_norm, sf_rope_kv (RoPE on q and k, k and v stored in their cells), sf_silu_mul.
@@ -176,11 +178,21 @@ static inline void split(int n, int part, int parts, int align, int *lo, int *hi
 
 /* ------------------------------------------------------------ activation quantization */
 
+#if SF_AVX2
+static inline int32_t hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+#endif
+
 /* x [K] -> xq [K] int8 (round half to even, |q| <= 127), xd [K/QK] scales, xs [K/QK] the
- * quantized block sums d * sum(q). q4_1's offset term uses xs: with the quantized sum the
- * product is exactly dequant(x) . (d q + mn), whose error is that of x against the centred
- * weights; the exact sum would leave it against d q alone (all >= 0, so far larger). */
-static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs) {
+ * quantized block sums d * sum(q), x16 [K/16] the integer sums of q per 16 (q6_k's offset
+ * of 32 is subtracted with them). The offset terms use the quantized sums: with them the
+ * product is exactly dequant(x) . w, whose error is that of x against the centred weights;
+ * the exact sum would leave it against the uncentred q alone (all >= 0, so far larger). */
+static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs, int32_t *x16) {
     for (int b = 0; b < K / QK; b++) {
         const float *v = x + b * QK;
         int8_t *q = xq + b * QK;
@@ -201,30 +213,31 @@ static void quantize_row(const float *x, int K, int8_t *xq, float *xd, float *xs
         __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), vid));
         __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16), vid));
         __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 24), vid));
-        __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        int32_t lo = hsum_i32(_mm256_add_epi32(i0, i1)), hi = hsum_i32(_mm256_add_epi32(i2, i3));
         /* |values| <= 127: the saturating packs are exact; packs interleave 128-bit lanes, so
          * put the dwords back in order */
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
         p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)q, p);
         xd[b] = d;
-        xs[b] = d * (float)_mm_cvtsi128_si32(s4);
+        xs[b] = d * (float)(lo + hi);
+        x16[2 * b] = lo;
+        x16[2 * b + 1] = hi;
 #else
         for (int j = 0; j < QK; j++) {
             float a = fabsf(v[j]);
             amax = a > amax ? a : amax;
         }
         float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
+        int32_t sum[2] = {0, 0};
         for (int j = 0; j < QK; j++) {
             q[j] = (int8_t)nearbyintf(v[j] * id);
-            sum += q[j];
+            sum[j / 16] += q[j];
         }
         xd[b] = d;
-        xs[b] = d * (float)sum;
+        xs[b] = d * (float)(sum[0] + sum[1]);
+        x16[2 * b] = sum[0];
+        x16[2 * b + 1] = sum[1];
 #endif
     }
 }
@@ -233,6 +246,7 @@ typedef struct {
     const float *x;
     int8_t *xq;
     float *xd, *xs;
+    int32_t *x16;
     int M, K;
 } quant_task;
 
@@ -242,17 +256,26 @@ static void quant_part(void *p, int part, int parts) {
     split(t->M, part, parts, 1, &lo, &hi);
     for (int m = lo; m < hi; m++)
         quantize_row(t->x + (size_t)m * t->K, t->K, t->xq + (size_t)m * t->K, t->xd + (size_t)m * nb,
-                     t->xs + (size_t)m * nb);
+                     t->xs + (size_t)m * nb, t->x16 + (size_t)m * 2 * nb);
 }
 
 /* ------------------------------------------------------------- interleaved tiles
  *
- * Weights are stored interleaved (QMat packs them): rows in groups of R = 8 (N padded with
- * zero rows to a multiple of 8); per group g and block b (32 values along k):
- *   q8_0: 256 bytes, 8 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t]
- *   q4_1: 128 bytes, 4 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t]
- *         | q[8g + i][32b + 16 + 4j + t] << 4
- *   d (and q4_1's mn): [G][nb][8] fp16 (as GGUF stores them), lane i for row 8g + i.
+ * Weights are stored interleaved (QMat packs them, from a GGUF file's own blocks or from
+ * floats): rows in groups of R = 8 (N padded with zero rows to a multiple of 8); per group g
+ * and block b (32 values along k), for row i of the group and t < 4:
+ *   q8_0: q 256 bytes, 8 chunks of 32: byte 4i + t of chunk j = q[8g + i][32b + 4j + t] (int8)
+ *   4-bit planes (q4_1, q5_1, q4_k, q5_k, q6_k): q 128 bytes, 4 chunks of 32: byte 4i + t of
+ *         chunk j = q[..][32b + 4j + t] & 15 | (q[..][32b + 16 + 4j + t] & 15) << 4
+ *   5-bit (q5_1, q5_k): qh 32 bytes: byte 4i + t, bit j = bit 4 of q[..][32b + 4j + t], bit
+ *         4 + j = bit 4 of q[..][32b + 16 + 4j + t]
+ *   q6_k: qh 64 bytes, two halves of 32: byte 4i + t of half h, bits 4c..4c+1 = bits 4-5 of
+ *         q[..][32b + 4j + t] and bits 4c+2..4c+3 those of q[..][32b + 16 + 4j + t], j = 2h + c
+ * Scales, lane i for row 8g + i:
+ *   q8_0, q4_1, q5_1: d (and mn) fp16 [G][nb][8], as GGUF stores them: w = d q (+ mn)
+ *   q4_k, q5_k: d, dmin fp16 [G][nb/8][8] per 256, sc, mn uint8 [G][nb][8] per 32:
+ *         w = (d sc) q - (dmin mn), both products exact in fp32 (11 x 6 bits)
+ *   q6_k: d fp16 [G][nb/8][8], sc int8 [G][nb][2][8] per 16: w = (d sc) (q - 32)
  * A 256-bit chunk holds 4 consecutive k of each of 8 rows, so one 4-way u8 x s8 dot against
  * those 4 x values broadcast gives 8 rows' partial sums at once; a block's integer sum per
  * row is exact, and a block costs one int->float conversion and one FMA per 8 rows (the
@@ -260,12 +283,40 @@ static void quant_part(void *p, int part, int parts) {
  * horizontal sums, and a tile of up to MT x rows reuses every loaded (unpacked) weight.
  *
  * Arithmetic per output (row n, x row m), whatever the tile or the thread split: for each
- * block in order, acc = fma((float)isum, d[n,b] * xd[m,b], acc); q4_1 also
- * macc = fma(mn[n,b], xs[m,b], macc) and y = acc + macc. The plain C path does exactly
- * that, so every build and every batch gives bit-identical rows. */
+ * block in order, with s the block's integer sum of q x:
+ *   q8_0:        acc = fma((float)s, d * xd, acc)
+ *   q4_1, q5_1:  acc = fma((float)s, d * xd, acc); macc = fma(mn, xs, macc)
+ *   q4_k, q5_k:  acc = fma((float)s, (d * sc) * xd, acc); macc = fma(-(dmin * mn), xs, macc)
+ *   q6_k:        t = sc0 (s0 - 32 x16_0) + sc1 (s1 - 32 x16_1) over the two 16-halves (exact
+ *                int32); acc = fma((float)t, d * xd, acc)
+ * and y = acc (+ macc). The plain C path does exactly that, so every build and every batch
+ * gives bit-identical rows. */
 
 #define R 8
 #define MT 4 /* x rows per tile */
+
+enum { SF_Q8_0, SF_Q4_1, SF_Q5_1, SF_Q4_K, SF_Q5_K, SF_Q6_K, SF_KINDS };
+
+/* One matrix in one kind (the layouts above). */
+typedef struct {
+    int kind;
+    const uint8_t *q, *qh;   /* qh: 5- and 6-bit kinds only */
+    const uint16_t *d, *m;   /* m: q4_1, q5_1 (min), q4_k, q5_k (dmin) */
+    const uint8_t *sc, *mn;  /* K-quants: sub-block scales (q6_k: int8) and mins */
+    int N, K;
+} sf_qmat;
+
+/* Up to four matrices over the same x stacked along N (a fused qkv whose v is stored in
+ * another type than q and k, as Q4_K_M files do): one activation quantization, one output. */
+#define MAX_PARTS 4
+typedef struct {
+    sf_qmat p[MAX_PARTS];
+    int n;
+} sf_qcat;
+
+static inline int kind_bytes(int kind) { return kind == SF_Q8_0 ? 256 : 128; }
+static inline int kind_high(int kind) { return kind == SF_Q6_K ? 64 : (kind == SF_Q5_1 || kind == SF_Q5_K) ? 32 : 0; }
+static inline int kind_k(int kind) { return kind >= SF_Q4_K; } /* scales per 256 */
 
 /* fp16 -> fp32, exact (the plain path; F16C's vcvtph2ps gives the same values). */
 static inline float half_to_float(uint16_t h) {
@@ -288,6 +339,24 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
+/* One group's pointers into a matrix (g: the group within it). */
+typedef struct {
+    const uint8_t *q, *qh, *sc, *mn;
+    const uint16_t *d, *m;
+} group_ptrs;
+
+static inline group_ptrs group_of(const sf_qmat *w, size_t g) {
+    size_t nb = (size_t)w->K / QK, ds = kind_k(w->kind) ? nb / 8 : nb;
+    group_ptrs p = {w->q + g * nb * kind_bytes(w->kind), NULL, NULL, NULL, w->d + g * ds * R,
+                    w->m ? w->m + g * ds * R : NULL};
+    if (kind_high(w->kind)) p.qh = w->qh + g * nb * kind_high(w->kind);
+    if (kind_k(w->kind)) {
+        p.sc = w->sc + g * nb * R * (w->kind == SF_Q6_K ? 2 : 1);
+        p.mn = w->mn ? w->mn + g * nb * R : NULL;
+    }
+    return p;
+}
+
 #if SF_AVX2
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -298,115 +367,193 @@ static inline float hsum8(__m256 v) {
 
 static inline __m256 half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
+static inline __m256 u8x8(const uint8_t *p) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p))); }
+
 static inline __m256i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
     return _mm256_set1_epi32(v);
 }
 
-static inline __attribute__((always_inline)) void tile_q8_0(const int8_t *wq, const uint16_t *wd, int nb,
-                                                             const int8_t *xq, const float *xd, size_t K, int mt,
-                                                             float *out) {
+static inline __attribute__((always_inline)) void tile_q8_0(const group_ptrs *w, int nb, const int8_t *xq,
+                                                             const float *xd, size_t K, int mt, float *out) {
     __m256 acc[MT];
     for (int m = 0; m < mt; m++) acc[m] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m256i s[MT];
         for (int m = 0; m < mt; m++) s[m] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 256 + 32 * j));
-            __m256i aw = _mm256_sign_epi8(w, w); /* |w| as u8; x carries w's sign (exact) */
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w->q + (size_t)b * 256 + 32 * j));
+            __m256i aw = _mm256_sign_epi8(v, v); /* |w| as u8; x carries w's sign (exact) */
             for (int m = 0; m < mt; m++)
-                s[m] = SF_DPBUSD(s[m], aw, _mm256_sign_epi8(bcast4(xq + m * K + (size_t)b * QK + 4 * j), w));
+                s[m] = SF_DPBUSD(s[m], aw, _mm256_sign_epi8(bcast4(xq + m * K + (size_t)b * QK + 4 * j), v));
         }
-        __m256 d = half8(wd + (size_t)b * R);
+        __m256 d = half8(w->d + (size_t)b * R);
         for (int m = 0; m < mt; m++)
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m]), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
     }
     for (int m = 0; m < mt; m++) _mm256_storeu_ps(out + m * R, acc[m]);
 }
 
-static inline __attribute__((always_inline)) void tile_q4_1(const uint8_t *wq, const uint16_t *wd, const uint16_t *wm,
-                                                             int nb, const int8_t *xq, const float *xd,
-                                                             const float *xs, size_t K, int mt, float *out) {
-    const __m256i low = _mm256_set1_epi8(0x0f);
+/* The 4- and 5-bit kinds with a min: q4_1, q5_1, q4_k, q5_k (kind a constant per call). */
+static inline __attribute__((always_inline)) void tile_qmin(int kind, const group_ptrs *w, int nb, const int8_t *xq,
+                                                             const float *xd, const float *xs, size_t K, int mt,
+                                                             float *out) {
+    const __m256i low = _mm256_set1_epi8(0x0f), sixteen = _mm256_set1_epi8(16);
+    const int high = kind == SF_Q5_1 || kind == SF_Q5_K, ks = kind_k(kind);
     __m256 acc[MT], macc[MT];
     for (int m = 0; m < mt; m++) acc[m] = macc[m] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        __m256i s[MT];
+        __m256i s[MT], hb = _mm256_setzero_si256();
         for (int m = 0; m < mt; m++) s[m] = _mm256_setzero_si256();
+        if (high) hb = _mm256_loadu_si256((const __m256i *)(w->qh + (size_t)b * 32));
         for (int j = 0; j < 4; j++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(wq + (size_t)b * 128 + 32 * j));
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w->q + (size_t)b * 128 + 32 * j));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (high) {
+                __m256i bl = _mm256_set1_epi8((char)(1 << j)), bh = _mm256_set1_epi8((char)(16 << j));
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bl), bl), sixteen));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hb, bh), bh), sixteen));
+            }
             for (int m = 0; m < mt; m++) {
                 const int8_t *x = xq + m * K + (size_t)b * QK + 4 * j;
                 s[m] = SF_DPBUSD(s[m], lo, bcast4(x));
                 s[m] = SF_DPBUSD(s[m], hi, bcast4(x + 16));
             }
         }
-        __m256 d = half8(wd + (size_t)b * R), mn = half8(wm + (size_t)b * R);
+        __m256 d, mn;
+        if (ks) {
+            d = _mm256_mul_ps(half8(w->d + (size_t)(b / 8) * R), u8x8(w->sc + (size_t)b * R));
+            mn = _mm256_mul_ps(half8(w->m + (size_t)(b / 8) * R), u8x8(w->mn + (size_t)b * R));
+        } else {
+            d = half8(w->d + (size_t)b * R);
+            mn = half8(w->m + (size_t)b * R);
+        }
         for (int m = 0; m < mt; m++) {
             acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[m]), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
-            macc[m] = _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * nb + b]), macc[m]);
+            macc[m] = ks ? _mm256_fnmadd_ps(mn, _mm256_set1_ps(xs[m * nb + b]), macc[m])
+                         : _mm256_fmadd_ps(mn, _mm256_set1_ps(xs[m * nb + b]), macc[m]);
         }
     }
     for (int m = 0; m < mt; m++) _mm256_storeu_ps(out + m * R, _mm256_add_ps(acc[m], macc[m]));
 }
+
+static inline __attribute__((always_inline)) void tile_q6_k(const group_ptrs *w, int nb, const int8_t *xq,
+                                                             const float *xd, const int32_t *x16, size_t K, int mt,
+                                                             float *out) {
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    __m256 acc[MT];
+    for (int m = 0; m < mt; m++) acc[m] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i s0[MT], s1[MT];
+        for (int m = 0; m < mt; m++) s0[m] = s1[m] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(w->q + (size_t)b * 128 + 32 * j));
+            __m256i h = _mm256_loadu_si256((const __m256i *)(w->qh + (size_t)b * 64 + 32 * (j >> 1)));
+            int sh = 4 * (j & 1);
+            /* epi16 shifts then byte masks: the bits taken never cross a byte (sh + 3 <= 7) */
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, sh), three), 4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, sh + 2), three), 4));
+            for (int m = 0; m < mt; m++) {
+                const int8_t *x = xq + m * K + (size_t)b * QK + 4 * j;
+                s0[m] = SF_DPBUSD(s0[m], lo, bcast4(x));
+                s1[m] = SF_DPBUSD(s1[m], hi, bcast4(x + 16));
+            }
+        }
+        __m256i c0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w->sc + (size_t)b * 2 * R)));
+        __m256i c1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w->sc + (size_t)b * 2 * R + R)));
+        __m256 d = half8(w->d + (size_t)(b / 8) * R);
+        for (int m = 0; m < mt; m++) {
+            const int32_t *o = x16 + (size_t)m * 2 * nb + 2 * b;
+            __m256i t = _mm256_add_epi32(_mm256_mullo_epi32(c0, _mm256_sub_epi32(s0[m], _mm256_set1_epi32(32 * o[0]))),
+                                         _mm256_mullo_epi32(c1, _mm256_sub_epi32(s1[m], _mm256_set1_epi32(32 * o[1]))));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d, _mm256_set1_ps(xd[m * nb + b])), acc[m]);
+        }
+    }
+    for (int m = 0; m < mt; m++) _mm256_storeu_ps(out + m * R, acc[m]);
+}
 #endif
 
+/* Row i's value k (0..31) of block b in a 4-bit plane (plus its high bits), as unsigned. */
+static inline int plane_value(int kind, const group_ptrs *w, int b, int i, int k) {
+    int j = (k % 16) / 4, t = k % 4, up = k >= 16;
+    uint8_t byte = w->q[(size_t)b * 128 + 32 * j + 4 * i + t];
+    int v = up ? byte >> 4 : byte & 15;
+    if (kind == SF_Q5_1 || kind == SF_Q5_K)
+        v |= ((w->qh[(size_t)b * 32 + 4 * i + t] >> (j + 4 * up)) & 1) << 4;
+    else if (kind == SF_Q6_K)
+        v |= ((w->qh[(size_t)b * 64 + 32 * (j >> 1) + 4 * i + t] >> (4 * (j & 1) + 2 * up)) & 3) << 4;
+    return v;
+}
+
 /* The plain C tile: the same arithmetic, lane by lane (see above). */
-static void tile_plain(int kind, const void *wqv, const uint16_t *wd, const uint16_t *wm, int nb, const int8_t *xq,
-                       const float *xd, const float *xs, size_t K, int mt, float *out) {
+static void tile_plain(int kind, const group_ptrs *w, int nb, const int8_t *xq, const float *xd, const float *xs,
+                       const int32_t *x16, size_t K, int mt, float *out) {
     for (int m = 0; m < mt; m++)
         for (int i = 0; i < R; i++) {
             float acc = 0.f, macc = 0.f;
             for (int b = 0; b < nb; b++) {
                 const int8_t *x = xq + m * K + (size_t)b * QK;
-                int32_t s = 0;
-                if (kind == 0) {
-                    const int8_t *w = (const int8_t *)wqv + (size_t)b * 256 + 4 * i;
-                    for (int k = 0; k < QK; k++) s += (int32_t)w[32 * (k / 4) + k % 4] * x[k];
+                int32_t s[2] = {0, 0};
+                if (kind == SF_Q8_0) {
+                    const int8_t *q = (const int8_t *)w->q + (size_t)b * 256 + 4 * i;
+                    for (int k = 0; k < QK; k++) s[0] += (int32_t)q[32 * (k / 4) + k % 4] * x[k];
+                } else
+                    for (int k = 0; k < QK; k++) s[k / 16] += plane_value(kind, w, b, i, k) * x[k];
+                float xdb = xd[m * nb + b];
+                if (kind == SF_Q8_0)
+                    acc = fmaf((float)s[0], half_to_float(w->d[(size_t)b * R + i]) * xdb, acc);
+                else if (kind == SF_Q4_1 || kind == SF_Q5_1) {
+                    acc = fmaf((float)(s[0] + s[1]), half_to_float(w->d[(size_t)b * R + i]) * xdb, acc);
+                    macc = fmaf(half_to_float(w->m[(size_t)b * R + i]), xs[m * nb + b], macc);
+                } else if (kind == SF_Q6_K) {
+                    const int32_t *o = x16 + (size_t)m * 2 * nb + 2 * b;
+                    int32_t t = (int32_t)(int8_t)w->sc[(size_t)b * 2 * R + i] * (s[0] - 32 * o[0]) +
+                                (int32_t)(int8_t)w->sc[(size_t)b * 2 * R + R + i] * (s[1] - 32 * o[1]);
+                    acc = fmaf((float)t, half_to_float(w->d[(size_t)(b / 8) * R + i]) * xdb, acc);
                 } else {
-                    const uint8_t *w = (const uint8_t *)wqv + (size_t)b * 128 + 4 * i;
-                    for (int k = 0; k < 16; k++) {
-                        uint8_t byte = w[32 * (k / 4) + k % 4];
-                        s += (int32_t)(byte & 15) * x[k] + (int32_t)(byte >> 4) * x[k + 16];
-                    }
-                    macc = fmaf(half_to_float(wm[(size_t)b * R + i]), xs[m * nb + b], macc);
+                    float D = half_to_float(w->d[(size_t)(b / 8) * R + i]) * (float)w->sc[(size_t)b * R + i];
+                    float Mn = half_to_float(w->m[(size_t)(b / 8) * R + i]) * (float)w->mn[(size_t)b * R + i];
+                    acc = fmaf((float)(s[0] + s[1]), D * xdb, acc);
+                    macc = fmaf(-Mn, xs[m * nb + b], macc);
                 }
-                acc = fmaf((float)s, half_to_float(wd[(size_t)b * R + i]) * xd[m * nb + b], acc);
             }
-            out[m * R + i] = kind == 0 ? acc : acc + macc;
+            out[m * R + i] = acc + macc;
         }
 }
 
 /* ------------------------------------------------------------------------ GEMV */
 
 typedef struct {
-    int kind; /* 0: q8_0, 1: q4_1 */
-    const void *wq;
-    const uint16_t *wd, *wm; /* fp16 block scales */
+    const sf_qcat *w;
     const int8_t *xq;
     const float *xd, *xs;
+    const int32_t *x16;
     float *y;
-    int M, N, K, accumulate;
+    int M, N, K, G, accumulate; /* N: every part's rows (y's row length); G: every part's groups */
 } gemv_task;
 
-static void tile(const gemv_task *t, int g, int m0, int mt, float *out) {
+static void tile(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, float *out) {
     int nb = t->K / QK;
-    size_t gq = (size_t)nb * (t->kind == 0 ? 256 : 128), gd = (size_t)nb * R;
     const int8_t *xq = t->xq + (size_t)m0 * t->K;
     const float *xd = t->xd + (size_t)m0 * nb, *xs = t->xs + (size_t)m0 * nb;
-    const uint8_t *wq = (const uint8_t *)t->wq + g * gq;
-    const uint16_t *wd = t->wd + g * gd, *wm = t->wm ? t->wm + g * gd : NULL;
+    const int32_t *x16 = t->x16 + (size_t)m0 * 2 * nb;
+    group_ptrs p = group_of(w, (size_t)g);
 #if SF_AVX2
-    /* constant mt per call: the compiler keeps the accumulators in registers */
-#define SF_TILE(n)                                                                                  \
-    case n:                                                                                         \
-        if (t->kind == 0)                                                                           \
-            tile_q8_0((const int8_t *)wq, wd, nb, xq, xd, (size_t)t->K, n, out);                     \
-        else                                                                                        \
-            tile_q4_1(wq, wd, wm, nb, xq, xd, xs, (size_t)t->K, n, out);                             \
-        return;
+    /* constant kind and mt per call: the compiler keeps the accumulators in registers */
+#define SF_TILE(n)                                                                       \
+    case n:                                                                              \
+        switch (w->kind) {                                                               \
+        case SF_Q8_0: tile_q8_0(&p, nb, xq, xd, (size_t)t->K, n, out); return;           \
+        case SF_Q4_1: tile_qmin(SF_Q4_1, &p, nb, xq, xd, xs, (size_t)t->K, n, out); return; \
+        case SF_Q5_1: tile_qmin(SF_Q5_1, &p, nb, xq, xd, xs, (size_t)t->K, n, out); return; \
+        case SF_Q4_K: tile_qmin(SF_Q4_K, &p, nb, xq, xd, xs, (size_t)t->K, n, out); return; \
+        case SF_Q5_K: tile_qmin(SF_Q5_K, &p, nb, xq, xd, xs, (size_t)t->K, n, out); return; \
+        case SF_Q6_K: tile_q6_k(&p, nb, xq, xd, x16, (size_t)t->K, n, out); return;       \
+        }                                                                                \
+        break;
     switch (mt) {
         SF_TILE(1)
         SF_TILE(2)
@@ -415,53 +562,80 @@ static void tile(const gemv_task *t, int g, int m0, int mt, float *out) {
     }
 #undef SF_TILE
 #endif
-    tile_plain(t->kind, wq, wd, wm, nb, xq, xd, xs, (size_t)t->K, mt, out);
+    tile_plain(w->kind, &p, nb, xq, xd, xs, x16, (size_t)t->K, mt, out);
 }
 
 static void gemv_part(void *p, int part, int parts) {
     const gemv_task *t = p;
-    int G = (t->N + R - 1) / R, lo, hi;
-    split(G, part, parts, 1, &lo, &hi);
+    int lo, hi;
+    split(t->G, part, parts, 1, &lo, &hi);
     float out[MT * R];
-    for (int g = lo; g < hi; g++) /* a group's weights stay in L1 across every x row */
+    int k = 0, g0 = 0, col = 0; /* the part holding group lo: its first group and column */
+    while (k < t->w->n - 1 && lo >= g0 + (t->w->p[k].N + R - 1) / R) {
+        g0 += (t->w->p[k].N + R - 1) / R;
+        col += t->w->p[k].N;
+        k++;
+    }
+    for (int gg = lo; gg < hi; gg++) { /* a group's weights stay in L1 across every x row */
+        const sf_qmat *w = &t->w->p[k];
+        int g = gg - g0;
+        if (g * R >= w->N) { /* the next part */
+            g0 += (w->N + R - 1) / R;
+            col += w->N;
+            w = &t->w->p[++k];
+            g = gg - g0;
+        }
+        int rows = w->N - g * R < R ? w->N - g * R : R;
         for (int m0 = 0; m0 < t->M; m0 += MT) {
-            int mt = t->M - m0 < MT ? t->M - m0 : MT, rows = t->N - g * R < R ? t->N - g * R : R;
-            tile(t, g, m0, mt, out);
+            int mt = t->M - m0 < MT ? t->M - m0 : MT;
+            tile(t, w, g, m0, mt, out);
             for (int m = 0; m < mt; m++) {
-                float *y = t->y + (size_t)(m0 + m) * t->N + (size_t)g * R;
+                float *y = t->y + (size_t)(m0 + m) * t->N + col + (size_t)g * R;
                 for (int i = 0; i < rows; i++) y[i] = t->accumulate ? y[i] + out[m * R + i] : out[m * R + i];
             }
         }
+    }
 }
 
-/* x [M, K] fp32 (K a multiple of 32) -> y [M, N] fp32; y += when accumulate. Returns 0, or -1
- * when K is not a multiple of 32. */
-static int gemv(int kind, const void *wq, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int M, int N,
-                int K, int accumulate) {
-    if (K % QK) return -1;
-    int nb = K / QK;
-    int8_t *xq = malloc((size_t)M * K + 2 * sizeof(float) * (size_t)M * nb + 64);
+/* Arguments a caller could get wrong, checked before anything is read: 0 or -1. */
+static int check_qcat(const sf_qcat *w) {
+    if (w->n < 1 || w->n > MAX_PARTS) return -1;
+    for (int k = 0; k < w->n; k++) {
+        const sf_qmat *p = &w->p[k];
+        if (p->K != w->p[0].K || p->K % QK || p->N < 1 || p->kind < 0 || p->kind >= SF_KINDS) return -1;
+        if (kind_k(p->kind) && p->K % (8 * QK)) return -1;
+        if (!p->q || !p->d || (kind_high(p->kind) && !p->qh) || (kind_k(p->kind) && !p->sc)) return -1;
+        if ((p->kind == SF_Q4_1 || p->kind == SF_Q5_1 || p->kind == SF_Q4_K || p->kind == SF_Q5_K) && !p->m) return -1;
+        if ((p->kind == SF_Q4_K || p->kind == SF_Q5_K) && !p->mn) return -1;
+    }
+    return 0;
+}
+
+/* x [M, K] fp32 -> y [M, N] fp32 (N: the parts' rows together); y += when accumulate.
+ * Returns 0, -1 on bad arguments, -2 when scratch memory could not be had. */
+static int gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulate) {
+    if (check_qcat(w)) return -1;
+    int K = w->p[0].K, nb = K / QK, N = 0, G = 0;
+    for (int k = 0; k < w->n; k++) {
+        N += w->p[k].N;
+        G += (w->p[k].N + R - 1) / R;
+    }
+    int8_t *xq = malloc((size_t)M * K + 4 * sizeof(float) * (size_t)M * nb + 64);
     if (!xq) return -2;
     float *xd = (float *)(((uintptr_t)(xq + (size_t)M * K) + 15) & ~(uintptr_t)15);
     float *xs = xd + (size_t)M * nb;
-    quant_task qt = {x, xq, xd, xs, M, K};
+    int32_t *x16 = (int32_t *)(xs + (size_t)M * nb);
+    quant_task qt = {x, xq, xd, xs, x16, M, K};
     run(quant_part, &qt, (size_t)M * K < 65536 ? 1 : n_parts((size_t)M, 8));
-    gemv_task t = {kind, wq, wd, wm, xq, xd, xs, y, M, N, K, accumulate};
+    gemv_task t = {w, xq, xd, xs, x16, y, M, N, K, G, accumulate};
     /* parts of >= 4 groups (32 rows) and >= ~16k multiply-adds: less is not worth a hand-off */
     size_t grain = 2048 / ((size_t)K * M) > 4 ? 2048 / ((size_t)K * M) : 4;
-    run(gemv_part, &t, n_parts((size_t)(N + R - 1) / R, grain));
+    run(gemv_part, &t, n_parts((size_t)G, grain));
     free(xq);
     return 0;
 }
 
-int sf_gemv_q8_0(const int8_t *wq, const uint16_t *wd, const float *x, float *y, int M, int N, int K, int accumulate) {
-    return gemv(0, wq, wd, NULL, x, y, M, N, K, accumulate);
-}
-
-int sf_gemv_q4_1(const uint8_t *qs, const uint16_t *wd, const uint16_t *wm, const float *x, float *y, int M, int N, int K,
-                 int accumulate) {
-    return gemv(1, qs, wd, wm, x, y, M, N, K, accumulate);
-}
+int sf_gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulate) { return gemv(w, x, y, M, accumulate); }
 
 /* ------------------------------------------------------------------- attention
  *
@@ -770,28 +944,17 @@ void sf_silu_mul(const float *gu, int T, int F, float *out) {
 /* ------------------------------------------------------- whole decode forward */
 
 typedef struct {
-    const void *q; /* interleaved (see "interleaved tiles"); N real rows, padded to 8 */
-    const uint16_t *d, *m; /* fp16 [G, K/32, 8]; m: q4_1 only */
-    int N, K;
-} sf_qmat;
-
-typedef struct {
     const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
-    sf_qmat wqkv, wo, wgu, wdown;
-    float *kc, *vc; /* this layer's cache [S, Hkv, d] */
+    sf_qcat wqkv, wo, wgu, wdown; /* each matrix in its own kind (a Q4_K_M file mixes them) */
+    float *kc, *vc;               /* this layer's cache [S, Hkv, d] */
 } sf_layer;
 
 typedef struct {
-    int kind; /* 0: q8_0, 1: q4_1 */
     int n_layers, D, F, H, Hkv, d;
     float eps, scale; /* scale: attention's 1 / sqrt(d) */
     const float *cos, *sin, *norm; /* cos, sin [P, d]; norm [D] */
     const sf_layer *layers;
 } sf_model;
-
-static int qgemv(const sf_model *m, const sf_qmat *w, const float *x, float *y, int T, int accumulate) {
-    return gemv(m->kind, w->q, w->d, w->m, x, y, T, w->N, w->K, accumulate);
-}
 
 /* qkv [T, W] += b [W] per row (the bias NativeKernels.linear adds: the same float sums). */
 static void add_bias(float *qkv, const float *b, int T, int W) {
@@ -829,15 +992,15 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
     for (int li = 0; li < m->n_layers; li++) {
         const sf_layer *ly = &m->layers[li];
         sf_rms_norm(x, ly->attn_norm, h, T, D, m->eps);                                    /* norm */
-        STEP(qgemv(m, &ly->wqkv, h, qkv, T, 0));                                            /* qkv */
+        STEP(gemv(&ly->wqkv, h, qkv, T, 0));                                                  /* qkv */
         if (ly->bqkv) add_bias(qkv, ly->bqkv, T, W);                                        /* + bias */
         sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);       /* rope, kv store */
         STEP(attend_planned(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a, tiles, n_tiles));
-        STEP(qgemv(m, &ly->wo, a, x, T, 1));                                                /* o + residual */
+        STEP(gemv(&ly->wo, a, x, T, 1));                                                      /* o + residual */
         sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);                                      /* norm */
-        STEP(qgemv(m, &ly->wgu, h, gu, T, 0));                                              /* gate/up */
+        STEP(gemv(&ly->wgu, h, gu, T, 0));                                                    /* gate/up */
         sf_silu_mul(gu, T, F, act);                                                         /* gating */
-        STEP(qgemv(m, &ly->wdown, act, x, T, 1));                                           /* down + residual */
+        STEP(gemv(&ly->wdown, act, x, T, 1));                                                 /* down + residual */
     }
 #undef STEP
     if (!rc) sf_rms_norm(x, m->norm, out, T, D, m->eps);

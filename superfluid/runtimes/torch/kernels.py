@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
+from .qmat import QK, QCat, QCatC, QMat, c_struct, kinds  # noqa: F401  QMat, QCat re-exported (kernels.QMat)
+
 SOURCE = Path(__file__).with_name("kernels.c")
-QK = 32  # quantization block along the reduction dimension
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
@@ -72,8 +73,7 @@ def _build() -> Path:
 def _bind(lib: ctypes.CDLL) -> None:
     P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.sf_set_threads.argtypes, lib.sf_set_threads.restype = [I], I
-    lib.sf_gemv_q8_0.argtypes, lib.sf_gemv_q8_0.restype = [P, P, P, P, I, I, I, I], I
-    lib.sf_gemv_q4_1.argtypes, lib.sf_gemv_q4_1.restype = [P, P, P, P, P, I, I, I, I], I
+    lib.sf_gemv.argtypes, lib.sf_gemv.restype = [P, P, P, I, I], I
     lib.sf_attend_decode.argtypes = [P, P, P, P, P, P, I, I, I, I, I, F, P]
     lib.sf_attend_decode.restype = I
     lib.sf_rms_norm.argtypes, lib.sf_rms_norm.restype = [P, P, P, I, I, F], None
@@ -130,71 +130,7 @@ def _f32(t: torch.Tensor, name: str) -> None:
 
 
 # ----------------------------------------------------------------- quantized matrices
-
-
-R = 8  # rows per interleaved group (kernels.c)
-
-
-class QMat:
-    """A weight matrix [N, K] quantized in blocks of 32 along K, stored in the kernel's
-    interleaved layout (kernels.c, "interleaved tiles"): rows in groups of 8 (N padded with
-    zero rows), per group and block the 8 rows' values 4 by 4.
-
-    q8_0: q int8 [G, K/32, 8 chunks, 8 rows, 4], d float16 [G, K/32, 8]: w = d q.
-    q4_1: q uint8 [G, K/32, 4 chunks, 8 rows, 4] (low nibble: value 4 chunk + t of the block,
-          high nibble: value 16 + 4 chunk + t), d, mn float16 [G, K/32, 8]: w = d q + mn.
-    Scales are fp16 as in GGUF files (a Q4_1/Q8_0 file's own scales survive the round trip
-    whenever its blocks reach both ends of their range), 2 bytes less per 32 weights each.
-    """
-
-    __slots__ = ("kind", "q", "d", "mn", "N", "K")
-
-    def __init__(self, w: torch.Tensor, kind: str):
-        if w.dim() != 2 or w.shape[1] % QK:
-            raise ValueError(f"cannot quantize a {list(w.shape)} matrix in blocks of {QK}")
-        self.kind, (self.N, self.K) = kind, w.shape
-        Np = -(-self.N // R) * R
-        blocks = torch.zeros(Np, self.K // QK, QK)
-        blocks[: self.N] = w.detach().to(torch.float32).view(self.N, self.K // QK, QK)
-        if kind == "q8_0":
-            d = (blocks.abs().amax(-1) / 127).half().float()  # the scale as stored (fp16, as GGUF)
-            q = torch.where(d[..., None] > 0, blocks / d.clamp_min(1e-30)[..., None], torch.zeros_like(blocks))
-            q = q.round().clamp(-127, 127).to(torch.int8)  # [Np, nb, 32]
-            self.mn = None
-        elif kind == "q4_1":
-            lo = blocks.amin(-1).half().float()  # scales as stored (fp16, as GGUF)
-            d = ((blocks.amax(-1) - lo) / 15).half().float()
-            q = torch.where(d[..., None] > 0, (blocks - lo[..., None]) / d.clamp_min(1e-30)[..., None],
-                            torch.zeros_like(blocks)).round().clamp(0, 15).to(torch.uint8)
-            q = q[..., :16] | (q[..., 16:] << 4)  # [Np, nb, 16]: value j low, j + 16 high
-            self.mn = _interleave_scales(lo)
-        else:
-            raise ValueError(f"unknown quantization {kind!r}; one of q8_0, q4_1")
-        # [Np, nb, chunks * 4] -> [G, nb, chunks, 8 rows, 4]
-        G, nb = Np // R, self.K // QK
-        self.q = q.view(G, R, nb, -1, 4).permute(0, 2, 3, 1, 4).contiguous()
-        self.d = _interleave_scales(d)
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 [N, K] matrix the kernel multiplies by."""
-        G, nb = self.q.shape[:2]
-        q = self.q.permute(0, 3, 1, 2, 4).reshape(G * R, nb, -1)  # back to [Np, nb, bytes]
-        d = self.d.float().permute(0, 2, 1).reshape(G * R, nb)
-        if self.kind == "q8_0":
-            w = q.float() * d[..., None]
-        else:
-            mn = self.mn.float().permute(0, 2, 1).reshape(G * R, nb)
-            w = torch.cat([q & 15, q >> 4], dim=-1).float() * d[..., None] + mn[..., None]
-        return w[: self.N].reshape(self.N, self.K)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.d, self.mn) if t is not None)
-
-
-def _interleave_scales(s: torch.Tensor) -> torch.Tensor:
-    """[Np, nb] per-row block scales (already fp16-exact) -> fp16 [G, nb, 8]."""
-    return s.view(-1, R, s.shape[1]).permute(0, 2, 1).contiguous().half()
+# QMat / QCat (qmat.py): the weights in the tiles' layout, from a GGUF file's blocks or floats.
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -206,7 +142,7 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return (q * (amax / 127)).view(x.shape)
 
 
-def gemv(x: torch.Tensor, m: QMat, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, m: QMat | QCat, out: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
     """x [M, K] float32 -> [M, N] float32 (out += x W^T when accumulate)."""
     lib = native()
     if lib is None:
@@ -223,12 +159,8 @@ def gemv(x: torch.Tensor, m: QMat, out: torch.Tensor | None = None, accumulate: 
         _f32(out, "out")
         if tuple(out.shape) != (M, m.N):
             raise ValueError(f"out has shape {list(out.shape)}, expected [{M}, {m.N}]")
-    if m.kind == "q8_0":
-        rc = lib.sf_gemv_q8_0(m.q.data_ptr(), m.d.data_ptr(), x.data_ptr(), out.data_ptr(), M, m.N, m.K, int(accumulate))
-    else:
-        rc = lib.sf_gemv_q4_1(m.q.data_ptr(), m.d.data_ptr(), m.mn.data_ptr(), x.data_ptr(), out.data_ptr(), M, m.N,
-                              m.K, int(accumulate))
-    _check(rc, f"sf_gemv_{m.kind}")
+    rc = lib.sf_gemv(ctypes.byref(c_struct(m)), x.data_ptr(), out.data_ptr(), M, int(accumulate))
+    _check(rc, f"sf_gemv ({'+'.join(kinds(m))})")
     return out
 
 
@@ -304,26 +236,17 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 # Mirrors of kernels.c's sf_qmat / sf_layer / sf_model (field order and types must match).
 
 
-class _QMatC(ctypes.Structure):
-    _fields_ = [("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
-                ("N", ctypes.c_int), ("K", ctypes.c_int)]
-
-
 class _LayerC(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
-                ("wqkv", _QMatC), ("wo", _QMatC), ("wgu", _QMatC), ("wdown", _QMatC),
+                ("wqkv", QCatC), ("wo", QCatC), ("wgu", QCatC), ("wdown", QCatC),
                 ("kc", ctypes.c_void_p), ("vc", ctypes.c_void_p)]
 
 
 class _ModelC(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int), ("n_layers", ctypes.c_int), ("D", ctypes.c_int), ("F", ctypes.c_int),
+    _fields_ = [("n_layers", ctypes.c_int), ("D", ctypes.c_int), ("F", ctypes.c_int),
                 ("H", ctypes.c_int), ("Hkv", ctypes.c_int), ("d", ctypes.c_int), ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
                 ("norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_LayerC))]
-
-
-def _qmat_c(m: QMat) -> _QMatC:
-    return _QMatC(m.q.data_ptr(), m.d.data_ptr(), m.mn.data_ptr() if m.mn is not None else None, m.N, m.K)
 
 
 # What sf_decode computes beyond a plain Llama layer: q/k/v biases (added after the qkv
@@ -341,16 +264,15 @@ def decoder_refusal(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> str | None
     """Why sf_decode cannot run this model over this pool, or None. It implements the
     features in DECODER_FEATURES (any other ModelConfig field set on a model is refused, so
     a feature added to the config falls back to the op-by-op route until sf_decode learns
-    it), one quantization kind for every layer matrix (sf_model.kind), fp32 CPU tensors."""
+    it), every layer matrix quantized (each in its own kinds), fp32 CPU tensors."""
     cfg = model.cfg
     unknown = sorted(f.name for f in dataclasses.fields(cfg) if f.name not in _PLAIN_FIELDS | DECODER_FEATURES
                      and getattr(cfg, f.name) != f.default)  # an option off is its default
     if unknown:
         return f"sf_decode does not implement {', '.join(unknown)}"
     mats = [m for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)]
-    kinds = {m.q.kind if m.q is not None else None for m in mats}
-    if len(kinds) != 1 or None in kinds:
-        return f"sf_decode runs one quantization for every layer matrix, not {sorted(map(str, kinds))}"
+    if any(m.q is None for m in mats):
+        return "sf_decode runs quantized layer matrices only"
     tensors = [model.cos, model.sin, model.norm, kv_k, kv_v] + [t for L in model.layers for t in
                                                                 (L.attn_norm, L.ffn_norm, L.bqkv) if t is not None]
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
@@ -374,11 +296,10 @@ class Decoder:
             tensors += [L.attn_norm, L.ffn_norm] + ([L.bqkv] if L.bqkv is not None else [])
             layers[i] = _LayerC(L.attn_norm.data_ptr(), L.ffn_norm.data_ptr(),
                                 L.bqkv.data_ptr() if L.bqkv is not None else None,
-                                _qmat_c(L.wqkv.q), _qmat_c(L.wo.q), _qmat_c(L.wgu.q), _qmat_c(L.wdown.q),
+                                c_struct(L.wqkv.q), c_struct(L.wo.q), c_struct(L.wgu.q), c_struct(L.wdown.q),
                                 kv_k[i].data_ptr(), kv_v[i].data_ptr())
-        self._keep = (tensors, layers, [L.wqkv.q for L in model.layers])
-        kind = model.layers[0].wqkv.q.kind
-        self.model = _ModelC(0 if kind == "q8_0" else 1, cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads,
+        self._keep = (tensors, layers, [m.q for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)])
+        self.model = _ModelC(cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads,
                              cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps, cfg.head_dim ** -0.5, model.cos.data_ptr(),
                              model.sin.data_ptr(), model.norm.data_ptr(), layers)
         self.D = cfg.hidden
