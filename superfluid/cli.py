@@ -17,10 +17,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="the model runtime (default auto: torch where it runs the file's architecture and tensor "
                         "types, else llamacpp: any GGUF llama.cpp loads, via llama-cpp-python)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the runtime's choice)")
-    p.add_argument("--quant", default="auto", choices=["auto", "none", "q8_0", "q4_1"],
-                   help="auto (default): a GGUF on CPU runs on the native kernel nearest its own tensor types "
-                        "(Q4_x/Q2_K-Q4_K -> q4_1, Q5+/Q8_0/F16 -> q8_0), batch-invariant; none: the fp32 "
-                        "reference numerics that match transformers; q8_0|q4_1: that kernel")
+    p.add_argument("--quant", default="auto", choices=["auto", "gguf", "none", "q8_0", "q4_1"],
+                   help="auto (default) = gguf on a GGUF file on CPU: every matrix on the native kernel for its own "
+                        "blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; F16/F32 -> q8_0, Q2_K/Q3_K -> q4_1), "
+                        "batch-invariant; none: the fp32 reference numerics that match transformers; q8_0|q4_1: every "
+                        "matrix requantized to that kernel")
     p.add_argument("--kv-cache-mb", type=int, default=0, help="KV cache pool size in MiB (default: the runtime's)")
     p.add_argument("--max-batch", type=int, default=0, help="most sequences per forward step (default: the runtime's)")
     p.add_argument("--deterministic", action="store_true", help="batch-invariant numerics: the same text at any load")

@@ -28,7 +28,7 @@ def client(server):
 
 def test_default_is_the_quantized_invariant_path(server):
     runtime = httpx.get(server + "/health").json()["runtime"]
-    assert runtime.endswith(":det:q4_1"), runtime  # the default GGUF is Q4_1
+    assert runtime.endswith(":det:gguf:Q4_1+Q8_0"), runtime  # the default GGUF: Q4_1 layers, a Q8_0 embedding (the tied head)
 
 
 def crowd(client, n: int = 15):

@@ -225,17 +225,18 @@ def test_llama_cpp_reference_vocab(vocab):
 
 # ---------------------------------------------------------------- the default kernel per file
 
-AUTO = {"f16.gguf": "q8_0", "q4_0.gguf": "q4_1", "q4_1.gguf": "q4_1", "q8_0.gguf": "q8_0",
-        "q4_k.gguf": "q4_1", "q6_k.gguf": "q8_0", "q4_k_m.gguf": "q4_1"}
+AUTO = {"f16.gguf": "F16>q8_0", "q4_0.gguf": "Q4_0", "q4_1.gguf": "Q4_1", "q8_0.gguf": "Q8_0",
+        "q4_k.gguf": "Q4_K", "q6_k.gguf": "Q6_K", "q4_k_m.gguf": "Q4_K+Q6_K+Q8_0+F16>q8_0"}
 
 
 @pytest.mark.parametrize("name", list(AUTO))
 def test_auto_quant_follows_the_files_own_types(tiny_dir, name):
-    """quant="auto" (the default) decodes on the kernel nearest the file's layer matrices,
-    on the batch-invariant route; "none" keeps the reference numerics."""
+    """quant="auto" (the default) decodes each matrix on the kernel for its own blocks (float
+    ones requantized to q8_0), on the batch-invariant route, and the route's name lists the
+    types; "none" keeps the reference numerics."""
     rt = TorchRuntime(tiny_dir / name, kv_cache_mb=4)
-    assert rt.quant == AUTO[name] and rt.desc.batch_invariant
-    assert rt.desc.runtime_id.endswith(f":det:{AUTO[name]}")
+    assert rt.quant == "gguf" and rt.desc.batch_invariant
+    assert rt.desc.runtime_id.endswith(f":det:gguf:{AUTO[name]}"), rt.desc.runtime_id
     ref = TorchRuntime(tiny_dir / name, quant="none", kv_cache_mb=4)
     assert ref.quant is None and not ref.desc.batch_invariant
 
@@ -245,6 +246,7 @@ def test_auto_quant_keeps_full_precision_off_gguf_and_off_cpu(tiny_dir, tmp_path
 
     assert resolve_quant("auto", tiny_dir / "q4_1.gguf", torch.device("cuda")) is None
     assert resolve_quant("auto", tmp_path, torch.device("cpu")) is None  # a Hugging Face folder
+    assert resolve_quant("auto", tiny_dir / "q4_1.gguf", torch.device("cpu")) == "gguf"
     assert resolve_quant("q8_0", tiny_dir / "q4_1.gguf", torch.device("cpu")) == "q8_0"
     with pytest.raises(ValueError, match="unknown quant 'q5'"):
         resolve_quant("q5", tiny_dir / "q4_1.gguf", torch.device("cpu"))

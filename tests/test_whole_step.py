@@ -117,14 +117,23 @@ def test_a_feature_sf_decode_lacks_is_refused_and_steps_go_op_by_op(models):
     assert model.native_decoder[1] is None
 
 
-def test_mixed_quantization_is_refused_and_steps_go_op_by_op(models):
+def test_mixed_kinds_run_in_the_whole_step_as_op_by_op(models, monkeypatch):
+    """A Q4_K_M-like mix (one layer's down matrix in another kind, a fused qkv stacked from
+    parts of two kinds) still runs in sf_decode, each matrix on its own kernel, with the
+    rows op by op gives."""
+    from superfluid.runtimes.torch.qmat import QCat
+
     rt = TorchRuntime(models["plain"], kv_cache_mb=4, quant="q8_0")
     uniform = decode_steps(rt)
-    L = rt.model.layers[1]
-    L.wdown.q = QMat(L.wdown.w, "q4_1")  # sf_model has one kind for every layer
+    L0, L1 = rt.model.layers[0], rt.model.layers[1]
+    L1.wdown.q = QMat(L1.wdown.w, "q4_1")
+    n = L0.wqkv.w.shape[0] - 2 * rt.cfg.n_kv_heads * rt.cfg.head_dim  # q rows in q8_0, k and v in q4_1
+    L0.wqkv.q = QCat([QMat(L0.wqkv.w[:n], "q8_0"), QMat(L0.wqkv.w[n:], "q4_1")])
     rt.model.native_decoder = None
-    assert "one quantization" in kernels.decoder_refusal(rt.model, rt.kv.k, rt.kv.v)
-    fallback = decode_steps(rt)
-    assert rt.model.native_decoder[1] is None
-    assert not np.array_equal(fallback, uniform)  # op by op, on that layer's own q4_1 matrix
-    assert np.abs(fallback - uniform).max() / np.abs(uniform).max() < 0.25
+    assert kernels.decoder_refusal(rt.model, rt.kv.k, rt.kv.v) is None
+    whole = decode_steps(rt)
+    assert rt.model.native_decoder[1] is not None
+    monkeypatch.setattr(native, "WHOLE_STEP", False)
+    np.testing.assert_array_equal(decode_steps(rt), whole)
+    assert not np.array_equal(whole, uniform)  # the q4_1 matrices are used
+    assert np.abs(whole - uniform).max() / np.abs(uniform).max() < 0.25

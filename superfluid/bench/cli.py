@@ -73,6 +73,9 @@ def add_bench_subcommands(subparsers) -> None:
     o.add_argument("--out", type=Path, default=None)
     o.set_defaults(func=cmd_offline)
 
+    from .fidelity import add_parser as add_fidelity
+
+    add_fidelity(subparsers)
     d = subparsers.add_parser("dataset", help="print a benchmark dataset as JSON lines")
     d.add_argument("name", choices=DATASETS)
     d.add_argument("--num-requests", "-n", type=int, default=8)

@@ -40,7 +40,8 @@ class EngineConfig:
     runtime_reason: str = ""  # why this runtime (set when "auto" chose it)
     dtype: str | None = None
     # torch: "auto" (a GGUF on CPU decodes on the native kernel nearest its own tensor types),
-    # "none" (the reference numerics, as transformers), "q8_0" | "q4_1" (runtimes/torch/quant_choice.py)
+    # "gguf" (each matrix in its own blocks), "none" (the reference numerics, as transformers),
+    # "q8_0" | "q4_1" (requantized) (runtimes/torch/quant_choice.py)
     quant: str = "auto"
     kv_cache_mb: int = 0  # 0: the runtime's default
     max_batch: int = 0  # 0: the runtime's default

@@ -18,6 +18,7 @@ from gguf.quants import dequantize
 from ...gguf_header import check_header
 from ...models import MAX_SIZE, ModelLoadError, check_size
 from .config import ModelConfig, RopeScaling, check_shapes
+from .qmat import NATIVE
 
 SUPPORTED_QUANTS = (  # what gguf.quants.dequantize reads that llama.cpp writes for Llama-family weights
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
@@ -210,9 +211,12 @@ def _tensor(t, path: Path) -> np.ndarray:
     return arr
 
 
-def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = None
-              ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(config, canonical name -> float32 tensor). Raises ModelLoadError naming file and tensor."""
+def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = None,
+              blocks: dict | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(config, canonical name -> float32 tensor). Raises ModelLoadError naming file and tensor.
+    ``blocks``, when given, is filled with canonical name -> (type, uint8 [rows..., row bytes])
+    for each matrix, the bytes where its type is one the native kernels read as it is
+    (qmat.NATIVE; else None), rows in the order of the float tensor (q/k un-permuted alike)."""
     path = Path(path)
     reader = reader or open_gguf(path)
     cfg = read_config(reader, path)
@@ -232,11 +236,18 @@ def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = No
             continue  # tensors the model does not use
         names[key] = t.name
         w = _tensor(t, path)
+        raw = None
+        if blocks is not None and GGMLQuantizationType(t.tensor_type) in NATIVE and len(t.shape) >= 2:
+            raw = np.asarray(t.data, dtype=np.uint8).reshape(*w.shape[:-1], -1)
         if cfg.arch in _PERMUTED and key.endswith((".q", ".k")):
             heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
             if w.shape[0] % (2 * heads):
                 raise ModelLoadError(f"{path}: tensor {t.name!r} has {w.shape[0]} rows, not divisible into {heads} heads")
             w = _unpermute(w, heads)
+            raw = _unpermute(raw, heads) if raw is not None else None
+        if blocks is not None and len(t.shape) >= 2:  # the type always (the route's name), blocks where a kernel reads them
+            blocks[key] = (GGMLQuantizationType(t.tensor_type), torch.from_numpy(np.array(raw)) if raw is not None
+                           else None)  # a copy: the map is read-only
         w = np.ascontiguousarray(w, dtype=np.float32)
         out[key] = torch.from_numpy(w if w.flags.writeable else w.copy())
     for key in cfg.expected_shapes():

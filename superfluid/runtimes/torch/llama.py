@@ -19,7 +19,7 @@ from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
 from .decoder import Experts, Layer, Options, run
-from .kernels import QMat
+from .quantized import FILE_ROUTE, Src, route_label
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
 
@@ -28,14 +28,15 @@ class Mat:
     """A weight matrix [out, in] in the compute dtype, and optionally a bf16 copy used for
     single-row products (CPUs without native bf16: there a bf16 GEMV streams half the bytes,
     while bf16 GEMMs with more rows are emulated and far slower), or a block-quantized copy
-    for the native kernels' decode-sized products (``quant``)."""
+    for the native kernels' decode-sized products (``quant``; ``src``: the matrix's source,
+    with the file's blocks where it has them: quantized.py)."""
 
     __slots__ = ("w", "w16", "q")
 
-    def __init__(self, w: torch.Tensor, gemv16: bool, quant: str | None = None):
+    def __init__(self, w: torch.Tensor, gemv16: bool, quant: str | None = None, src: Src | None = None):
         self.w = w
         self.w16 = w.to(torch.bfloat16).contiguous() if gemv16 and not quant else None
-        self.q = QMat(w, quant) if quant else None
+        self.q = (src or Src.of(w)).qmat(quant) if quant else None
 
 
 def linear(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -59,7 +60,7 @@ def linear_fixed(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torc
 class Llama:
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  device: torch.device, deterministic: bool = False, native_bf16: bool = True,
-                 quant: str | None = None, positions: int | None = None):
+                 quant: str | None = None, positions: int | None = None, blocks: dict | None = None):
         # bf16 asked of a CPU without native bf16: compute in fp32, bf16 copies for GEMV.
         gemv16 = dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16 and not deterministic
         if dtype == torch.bfloat16 and device.type == "cpu" and not native_bf16:
@@ -72,15 +73,21 @@ class Llama:
         self.native_decoder = None  # quant: (KV pool, sf_decode view or None if refused), native.whole_step builds it
         self.qrows = native.row_limit(deterministic)  # quant: products up to this many rows are quantized
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
-        mat = lambda t: Mat(put(t), gemv16, quant)  # noqa: E731
+        blocks = blocks or {}
+        src = lambda key: Src.of(tensors[key], blocks.get(key))  # noqa: E731
+        mat = lambda s: Mat(put(s.w), gemv16, quant, s)  # noqa: E731
         self.embed = put(tensors["embed"])  # [V, D]
         self.norm = put(tensors["norm"])
-        # The LM head stays at 8 bits under q4_1 (as llama.cpp's 4-bit files keep the output
-        # matrix at higher precision): 4-bit there costs far more accuracy than time.
-        head_quant = "q8_0" if quant else None
-        self.lm_head = Mat(self.embed, gemv16, head_quant) if cfg.tie_embeddings else \
-            Mat(put(tensors["lm_head"]), gemv16, head_quant)  # [V, D]
-        self.layers = [self._layer(cfg, tensors, i, put, mat) for i in range(cfg.n_layers)]
+        # On the file's route the LM head is in the file's own type (llama.cpp's 4-bit files
+        # keep it wider). Requantized, it stays at 8 bits under q4_1: 4 bits there cost far
+        # more accuracy than time.
+        head_quant = (FILE_ROUTE if quant == FILE_ROUTE else "q8_0") if quant else None
+        head = "embed" if cfg.tie_embeddings else "lm_head"
+        self.lm_head = Mat(self.embed if cfg.tie_embeddings else put(tensors["lm_head"]), gemv16, head_quant,
+                           src(head))  # [V, D]
+        self.layers = [self._layer(cfg, tensors, i, put, mat, src) for i in range(cfg.n_layers)]
+        # the native route's name: the types its matrices run in ("Q4_K+Q6_K", "F16>q8_0")
+        self.route = route_label([m.q for L in self.layers for m in _mats(L)] + [self.lm_head.q]) if quant else None
         self.options = Options(q_scale=cfg.attn_scale * cfg.head_dim ** 0.5 if cfg.attn_scale else 1.0,
                                residual_scale=cfg.residual_scale, activation=cfg.activation, softcap=cfg.attn_softcap)
         # RoPE tables [positions, d] in float32, as transformers computes them (one product each):
@@ -99,11 +106,12 @@ class Llama:
             self.linear = partial(native.linear, qrows=self.qrows)
 
     @staticmethod
-    def _layer(cfg: ModelConfig, tensors: dict[str, torch.Tensor], i: int, put, mat) -> Layer:
+    def _layer(cfg: ModelConfig, tensors: dict[str, torch.Tensor], i: int, put, mat, src) -> Layer:
         p = f"layers.{i}."
         t = lambda name: tensors[p + name]  # noqa: E731
+        s = lambda name: src(p + name)  # noqa: E731
         opt = lambda name: put(tensors[p + name]) if p + name in tensors else None  # noqa: E731
-        q, k = t("q"), t("k")
+        q, k = s("q"), s("k")
         q_norm, k_norm = tensors.get(p + "q_norm"), tensors.get(p + "k_norm")
         if cfg.rotary_dim is not None and cfg.rotary_dim < cfg.head_dim:
             # Partial rotary as full-head rotate-half: the rotated and passed dims of each q/k
@@ -111,7 +119,7 @@ class Llama:
             # (i, i + r/2) and passed dims pair with passed dims at frequency 0 (cos 1, sin 0:
             # untouched). q and k permuted alike leave every q.k, so attention, unchanged.
             perm = _partial_rotary_perm(cfg.head_dim, cfg.rotary_dim)
-            q, k = _permute_heads(q, perm), _permute_heads(k, perm)
+            q, k = q.rows(lambda w: _permute_heads(w, perm)), k.rows(lambda w: _permute_heads(w, perm))
             if q_norm is not None and q_norm.shape[0] == cfg.head_dim:
                 q_norm, k_norm = q_norm[perm], k_norm[perm]
             elif q_norm is not None:
@@ -121,13 +129,14 @@ class Llama:
             raise ValueError("q/k bias with partial rotary is not supported")
         experts = None
         if cfg.n_experts:
-            experts = Experts(router=mat(t("router")), used=cfg.n_experts_used, renormalise=cfg.moe_norm_topk,
-                              wgu=[mat(torch.cat([t("gate_exps")[e], t("up_exps")[e]])) for e in range(cfg.n_experts)],
-                              wdown=[mat(t("down_exps")[e]) for e in range(cfg.n_experts)])
+            gate, up, down = s("gate_exps"), s("up_exps"), s("down_exps")
+            experts = Experts(router=mat(s("router")), used=cfg.n_experts_used, renormalise=cfg.moe_norm_topk,
+                              wgu=[mat(Src.cat(gate[e], up[e])) for e in range(cfg.n_experts)],
+                              wdown=[mat(down[e]) for e in range(cfg.n_experts)])
         return Layer(
-            attn_norm=opt("attn_norm"), wqkv=mat(torch.cat([q, k, t("v")])),
-            bqkv=put(bias) if bias is not None else None, wo=mat(t("o")), ffn_norm=opt("ffn_norm"),
-            wgu=None if experts else mat(torch.cat([t("gate"), t("up")])), wdown=None if experts else mat(t("down")),
+            attn_norm=opt("attn_norm"), wqkv=mat(Src.cat(q, k, s("v"))),
+            bqkv=put(bias) if bias is not None else None, wo=mat(s("o")), ffn_norm=opt("ffn_norm"),
+            wgu=None if experts else mat(Src.cat(s("gate"), s("up"))), wdown=None if experts else mat(s("down")),
             q_norm=put(q_norm) if q_norm is not None else None, k_norm=put(k_norm) if k_norm is not None else None,
             post_attn_norm=opt("post_attn_norm"), post_ffn_norm=opt("post_ffn_norm"),
             rope=(1 if cfg.uses_local_rope(i) else 0) if cfg.rotates(i) else None, window=cfg.window(i),
@@ -235,3 +244,9 @@ def _permute_heads(w: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     """Rows of w [heads * d, ...] permuted within each head."""
     d = perm.shape[0]
     return w.reshape(-1, d, *w.shape[1:])[:, perm].reshape(w.shape)
+
+
+def _mats(layer: Layer) -> list[Mat]:
+    experts = layer.experts
+    mats = [layer.wqkv, layer.wo] + ([layer.wgu, layer.wdown] if experts is None else [])
+    return mats + ([experts.router] + experts.wgu + experts.wdown if experts is not None else [])

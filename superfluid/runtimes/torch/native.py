@@ -1,5 +1,5 @@
 """The native CPU kernels (kernels.c) as a kernel set for decoder.layer, when the runtime is
-built with ``quant`` ("q8_0" or "q4_1"), and the route that picks between the two ways of
+built with ``quant`` ("gguf": the file's own blocks; "q8_0" or "q4_1": requantized), and the route that picks between the two ways of
 running it:
 
 - op by op: decoder.run on ``NativeKernels`` (a layer is nine native calls instead of ~30
@@ -45,7 +45,7 @@ from .decoder import run
 
 QROWS = 32  # products with more rows than this run as fp32 GEMMs (crossover measured at 32-64)
 WHOLE_STEP = True  # steps in one sf_decode call where the route allows (False: op by op; tests compare the two)
-QUANT_KINDS = ("q8_0", "q4_1")
+QUANT_KINDS = ("gguf", "q8_0", "q4_1")  # gguf: each matrix in the file's own blocks (quantized.py)
 
 
 def require(quant: str, device: torch.device) -> None:

@@ -41,13 +41,14 @@ NATIVE = {Q.Q8_0: "q8_0", Q.Q4_0: "q4_1", Q.Q4_1: "q4_1", Q.Q5_0: "q5_1", Q.Q5_1
 
 class QMat:
     """One matrix [N, K] in one kind (module doc). ``source``: the GGUF type whose blocks it
-    holds, or None when it was quantized from floats."""
+    holds, or None when it was quantized from floats; ``origin``: for those, what the floats
+    were (a GGUF type's name, for the route's name), if known."""
 
-    __slots__ = ("kind", "q", "qh", "d", "m", "sc", "mn", "N", "K", "source", "_c")
+    __slots__ = ("kind", "q", "qh", "d", "m", "sc", "mn", "N", "K", "source", "origin", "_c")
 
-    def __init__(self, w: torch.Tensor | None, kind: str):
+    def __init__(self, w: torch.Tensor | None, kind: str, origin: str | None = None):
         self.q = self.qh = self.m = self.sc = self.mn = self._c = None
-        self.source = None
+        self.source, self.origin = None, origin
         if w is None:  # from_gguf fills the fields
             self.kind = kind
             return

@@ -1,11 +1,12 @@
 """Which weights a torch runtime decodes on: the fast-by-default rule.
 
 ``quant`` is one of:
-- ``"auto"`` (the default): a GGUF on CPU runs on the native kernel nearest to the file's
-  own layer tensor types (NEAREST below); a Hugging Face folder, a CUDA device or a machine
-  whose C compiler cannot build the kernels keep full precision.
+- ``"auto"`` (the default): ``"gguf"`` for a GGUF on CPU; a Hugging Face folder, a CUDA
+  device or a machine whose C compiler cannot build the kernels keep full precision.
+- ``"gguf"``: every matrix on the native kernel for the file's own blocks, never
+  requantized (quantized.py; types with no kernel, F16 or Q3_K, go to the nearest one).
 - ``"none"``: the fp32 (or --dtype) reference numerics that match transformers.
-- ``"q8_0"`` | ``"q4_1"``: that kernel, whatever the file holds.
+- ``"q8_0"`` | ``"q4_1"``: every matrix requantized to that kernel, whatever the file holds.
 
 On the quantized route the runtime is also batch- and path-invariant by default (every
 product on the GEMV, every query on the native attention: each row computed from that row
@@ -16,34 +17,19 @@ GEMM for big products), for benchmarks.
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import torch
-from gguf import GGMLQuantizationType as Q
 
-CHOICES = ("auto", "none", "q8_0", "q4_1")
+from .quantized import FILE_ROUTE
 
-# The file's layer-matrix type -> the kernel that reproduces it best. 4-bit and smaller
-# kinds read as q4_1 (Q4_1 exactly; Q4_0 exactly too, as q4_1 with min -8d; K-quants at
-# 2-4 bits lose little more than they already lost); 5-bit and up, and float, as q8_0.
-NEAREST = {
-    Q.Q4_0: "q4_1", Q.Q4_1: "q4_1", Q.Q2_K: "q4_1", Q.Q3_K: "q4_1", Q.Q4_K: "q4_1",
-    Q.Q5_0: "q8_0", Q.Q5_1: "q8_0", Q.Q5_K: "q8_0", Q.Q6_K: "q8_0", Q.Q8_0: "q8_0",
-    Q.F16: "q8_0", Q.BF16: "q8_0", Q.F32: "q8_0",
-}
-_LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+CHOICES = ("auto", "gguf", "none", "q8_0", "q4_1")
 
 
-def file_kind(reader) -> Q | None:
-    """The most common type among a GGUF's layer matrices (None: the file has none)."""
-    kinds = Counter(Q(t.tensor_type) for t in reader.tensors
-                    if t.name.startswith("blk.") and t.name.split(".")[2] in _LAYER_MATRICES)
-    return kinds.most_common(1)[0][0] if kinds else None
-
-
-def resolve_quant(quant: str | None, path: Path, device: torch.device, reader=None) -> str | None:
-    """The kernel to decode on (None: full precision). Raises ValueError for an unknown name."""
+def resolve_quant(quant: str | None, path: Path, device: torch.device) -> str | None:
+    """The route to decode on: "gguf", "q8_0", "q4_1" or None (full precision). Raises
+    ValueError for an unknown name. Which kernel each of a file's types runs on:
+    quantized.NEAREST."""
     quant = "auto" if quant is None else quant
     if quant not in CHOICES:
         raise ValueError(f"unknown quant {quant!r}; one of {', '.join(CHOICES)}")
@@ -55,9 +41,4 @@ def resolve_quant(quant: str | None, path: Path, device: torch.device, reader=No
 
     if kernels.native() is None:
         return None  # no compiler here: the reference path still runs
-    if reader is None:
-        from .gguf_weights import open_gguf
-
-        reader = open_gguf(path)
-    kind = file_kind(reader)
-    return NEAREST.get(kind, "q8_0") if kind is not None else None
+    return FILE_ROUTE

@@ -23,6 +23,7 @@ from .hf_weights import load_hf
 from .llama import Llama
 from .paged import PagedKV
 from .quant_choice import resolve_quant
+from .quantized import FILE_ROUTE
 from .sample import sample_lanes
 
 
@@ -48,11 +49,12 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     return table[dtype]
 
 
-def load_model(path: Path, progress: bool = False, reader=None):
-    """(config, tensors, tokenizer) from a .gguf file (reader: already open) or a Hugging Face folder."""
+def load_model(path: Path, progress: bool = False, reader=None, blocks: dict | None = None):
+    """(config, tensors, tokenizer) from a .gguf file (reader: already open; blocks: filled
+    with its matrices' own blocks, load_gguf) or a Hugging Face folder."""
     if path.suffix == ".gguf":
         reader = reader or open_gguf(path)
-        cfg, tensors = load_gguf(path, progress, reader)
+        cfg, tensors = load_gguf(path, progress, reader, blocks)
         return cfg, tensors, Tokenizer.from_gguf(path, reader)
     cfg, tensors = load_hf(path, progress)
     return cfg, tensors, Tokenizer.from_hf(path)
@@ -63,24 +65,25 @@ class TorchRuntime:
                  device: str | None = None, kv_cache_mb: int = 1024, max_batch: int = 64,
                  max_seq_len: int = 8192, page: int = 16, deterministic: bool = False, progress: bool = False,
                  prefill_step_tokens: int = 512, quant: str | None = "auto", invariant: bool = True):
-        """quant: "auto" (a GGUF on CPU: the native kernel nearest its own types), "none"
-        (the reference numerics), "q8_0" | "q4_1" (quant_choice.py). On a quantized route
+        """quant: "auto" (a GGUF on CPU: "gguf", each matrix on the kernel for its own
+        blocks), "none" (the reference numerics), "q8_0" | "q4_1" (requantized; quant_choice.py). On a quantized route
         ``invariant`` (the default) makes every row a function of that row alone, as
         ``deterministic`` does on the reference route."""
         path = resolve_model(model)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         reader = open_gguf(path) if path.suffix == ".gguf" else None
-        quant = resolve_quant(quant, path, self.device, reader)
+        quant = resolve_quant(quant, path, self.device)
         deterministic = deterministic or (quant is not None and invariant)
         self.quant = quant
         self.dtype = pick_dtype(dtype or ("float32" if quant else None), self.device)
-        cfg, tensors, self.tokenizer = load_model(path, progress, reader)
+        blocks = {} if quant == FILE_ROUTE else None
+        cfg, tensors, self.tokenizer = load_model(path, progress, reader, blocks)
         if self.tokenizer.vocab_size > cfg.vocab_size:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")
         self.cfg = cfg
         self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic, native_bf16=cpu_has_native_bf16(),
-                           quant=quant, positions=min(max_seq_len, cfg.max_position))
-        del tensors
+                           quant=quant, positions=min(max_seq_len, cfg.max_position), blocks=blocks)
+        del tensors, blocks
         self.deterministic = deterministic
         act = self.model.dtype  # activations and KV (fp32 when bf16 is only used for GEMV)
         cell_bytes = 2 * cfg.n_layers * cfg.kv_size * torch.tensor([], dtype=act).element_size()
@@ -89,7 +92,7 @@ class TorchRuntime:
         seq_cap = min(max_seq_len, cfg.max_position)  # a sliding window masks keys, it does not cap the context
         self.desc = RuntimeDesc(
             runtime_id=f"torch:{path.name}:{str(self.dtype).removeprefix('torch.')}" + (":det" if deterministic else "")
-            + (f":{quant}" if quant else ""),
+            + (f":{quant}" if quant else "") + (f":{self.model.route}" if quant == FILE_ROUTE else ""),
             vocab_size=cfg.vocab_size, max_batch=max_batch, max_seq_len=seq_cap, max_seqs=0, page=page,
             prefill_step_tokens=prefill_step_tokens, exact_only=False, truncate_partial=True,
             copy_shares_cells=True, takeover_preferred=False, engine_sampling=True, engine_draws=True,

@@ -30,7 +30,7 @@ SPM_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user'
                 "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
 
 # K-quants pack 256 values per block: a row of a K-quant matrix has a multiple of 256 columns.
-WRITABLE = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K)
+WRITABLE = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
@@ -64,23 +64,27 @@ def tiny_spm_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens + ["[INST]", "[/INST]"], scores + [0.0, 0.0], types + [3, 3]
 
 
-def _q4_k(x: np.ndarray) -> np.ndarray:
+def _q4_k(x: np.ndarray, levels: int = 15) -> np.ndarray:
     """[n, 256] float32 -> [n, 144] Q4_K blocks: fp16 d, fp16 dmin, 8 six-bit (scale, min) pairs
-    packed in 12 bytes, 256 nibbles; value = d * scale_j * q - dmin * min_j, sub-block j of 32."""
+    packed in 12 bytes, 256 nibbles; value = d * scale_j * q - dmin * min_j, sub-block j of 32.
+    levels=31: Q5_K's [n, 176], the same with a bit plane (qh) before the nibbles."""
     n = x.shape[0]
     sub = x.reshape(n, 8, 32)
     lo, hi = np.minimum(sub.min(-1), 0), np.maximum(sub.max(-1), 0)
-    d, dmin = (((hi - lo) / 15).max(-1) / 63).astype(np.float16), ((-lo).max(-1) / 63).astype(np.float16)
+    d, dmin = (((hi - lo) / levels).max(-1) / 63).astype(np.float16), ((-lo).max(-1) / 63).astype(np.float16)
     d32, dmin32 = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
-    sc = np.clip(np.round((hi - lo) / 15 / np.where(d32 > 0, d32, 1)), 0, 63).astype(np.uint8)
+    sc = np.clip(np.round((hi - lo) / levels / np.where(d32 > 0, d32, 1)), 0, 63).astype(np.uint8)
     mn = np.clip(np.round(-lo / np.where(dmin32 > 0, dmin32, 1)), 0, 63).astype(np.uint8)
     step = (d32 * sc)[..., None]
-    q = np.clip(np.round((sub + (dmin32 * mn)[..., None]) / np.where(step > 0, step, 1)), 0, 15).astype(np.uint8)
+    q = np.clip(np.round((sub + (dmin32 * mn)[..., None]) / np.where(step > 0, step, 1)), 0, levels).astype(np.uint8)
     scales = np.concatenate([sc[:, :4] | (sc[:, 4:] >> 4) << 6, mn[:, :4] | (mn[:, 4:] >> 4) << 6,
                              (sc[:, 4:] & 15) | (mn[:, 4:] & 15) << 4], axis=1)
-    q = q.reshape(n, 4, 2, 32)  # byte i of 32-byte group g: low nibble sub-block 2g, high 2g + 1
+    # Q5_K's qh: byte l, bit j = bit 4 of value l of sub-block j
+    high = [] if levels == 15 else [((q >> 4) << np.arange(8, dtype=np.uint8)[None, :, None]).sum(1, dtype=np.uint8)]
+    q = (q & 15).reshape(n, 4, 2, 32)  # byte i of 32-byte group g: low nibble sub-block 2g, high 2g + 1
     qs = (q[:, :, 0] | q[:, :, 1] << 4).reshape(n, 128)
-    return np.concatenate([d.view(np.uint8).reshape(n, 2), dmin.view(np.uint8).reshape(n, 2), scales, qs], axis=1)
+    return np.concatenate([d.view(np.uint8).reshape(n, 2), dmin.view(np.uint8).reshape(n, 2), scales, *high, qs],
+                          axis=1)
 
 
 def _q6_k(x: np.ndarray) -> np.ndarray:
@@ -105,11 +109,11 @@ def quantize_tensor(arr: np.ndarray, qtype: Q) -> np.ndarray:
     """float32 [rows, cols] -> what GGUFWriter.add_tensor takes with raw_dtype=qtype."""
     if qtype not in WRITABLE:
         raise NotImplementedError(f"tiny GGUF writer cannot quantize to {qtype.name}")
-    if qtype in (Q.Q4_K, Q.Q6_K):  # gguf's quantize does not implement K-quants
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # gguf's quantize does not implement K-quants
         block, size = GGML_QUANT_SIZES[qtype]
         if arr.shape[-1] % block:
             raise ValueError(f"{qtype.name} needs rows of a multiple of {block} values, not {arr.shape[-1]}")
-        pack = _q4_k if qtype == Q.Q4_K else _q6_k
+        pack = {Q.Q4_K: _q4_k, Q.Q5_K: lambda b: _q4_k(b, 31), Q.Q6_K: _q6_k}[qtype]
         return pack(arr.astype(np.float32).reshape(-1, block)).reshape(quant_shape_to_byte_shape(arr.shape, qtype))
     return quantize(arr.astype(np.float32), qtype)
 
