@@ -170,13 +170,13 @@ def _stream(engine, rid: str, ids: list[int], params) -> str:
             out.append(d.text)
             print(d.text, end="", flush=True)
 
-    engine.on_delta = show
+    engine.stream_to(show)
     try:
         engine.add_request(rid, ids, params)
         while engine.has_work():
             engine.step()
     finally:
-        engine.on_delta = None
+        engine.stream_to(None)
     print(flush=True)
     return "".join(out)
 

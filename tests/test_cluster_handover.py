@@ -18,12 +18,18 @@ PROMPT = list(range(5, 47))
 PARAMS = SamplingParams(max_tokens=40, temperature=0.9, seed=11, n=2, ignore_eos=True)
 
 
+def _step(engine) -> list:
+    engine.step()
+    return engine.output.take()
+
+
 def _run(engine, rid, prompt, params, choices=None, until=None) -> dict[int, list]:
     """Deltas per choice (text, tokens) until the request finished or ``until`` tokens."""
     got = {}
     engine.add_request(rid, prompt, params, choices)
     while engine.has_work():
-        for d in engine.step():
+        engine.step()
+        for d in engine.output.take():
             text, toks, fin = got.get(d.index, ("", [], None))
             got[d.index] = (text + d.text, toks + d.token_ids, d.finish_reason or fin)
         if until is not None and all(len(v[1]) >= until for v in got.values()) and len(got) == params.n:
@@ -95,7 +101,7 @@ def test_text_held_back_for_a_stop_string_survives_the_move(engines):
     pieces = []
     ref_engine.add_request("pieces", PROMPT, plain)
     while ref_engine.has_work():
-        pieces += [d.text for d in ref_engine.step() if d.token_ids]  # one per token
+        pieces += [d.text for d in _step(ref_engine) if d.token_ids]  # one per token
     assert len(pieces) == 30
     # a stop string the text runs along from token 8 to 13, then leaves
     stop = "".join(pieces[8:14]) + "\x00"
@@ -103,7 +109,7 @@ def test_text_held_back_for_a_stop_string_survives_the_move(engines):
     seen = []  # (token, text released with it), as a client streams them
     ref_engine.add_request("stop-ref", PROMPT, params)
     while ref_engine.has_work():
-        seen += [(d.token_ids, d.text) for d in ref_engine.step()]  # the last: no token, the tail
+        seen += [(d.token_ids, d.text) for d in _step(ref_engine)]  # the last: no token, the tail
     want = "".join(t for _, t in seen)
     assert want.startswith("".join(pieces[:14]))  # never matched: all of it, in the end
     # the replica is lost after 12 tokens: the client has their tokens, not all their text

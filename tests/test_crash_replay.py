@@ -262,7 +262,7 @@ def test_a_request_ending_mid_tick_releases_its_handles_after_the_tick():
     engine = build_engine(EngineConfig(runtime="toy", worker=True))
     try:
         finished = {}
-        engine.on_delta = lambda d: finished.__setitem__(d.request_id, d.finish_reason) if d.finish_reason else None
+        engine.stream_to(lambda d: finished.__setitem__(d.request_id, d.finish_reason) if d.finish_reason else None)
         ids = engine.tokenizer.encode("short and biased")
         engine.add_request("long", engine.tokenizer.encode("a long one"), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
         engine.add_request("biased", ids, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={5: 1.0}))
@@ -293,7 +293,7 @@ def test_a_worker_lost_while_taking_over_is_replaced_again():
             if d.finish_reason:
                 finish[d.request_id] = d.finish_reason
 
-        engine.on_delta = on_delta
+        engine.stream_to(on_delta)
         ids = engine.tokenizer.encode("biased and lost twice")
         params = SamplingParams(temperature=0.8, seed=3, max_tokens=60, ignore_eos=True, logit_bias={7: 5.0})
 

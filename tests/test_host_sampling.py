@@ -12,6 +12,7 @@ import pytest
 
 from superfluid import LLM, SamplingParams
 from superfluid.engine.config import SchedulerConfig
+from superfluid.engine.outputs import Outbox
 from superfluid.engine.params import GrammarSpec
 
 PLAIN = SamplingParams(temperature=0.9, seed=11, max_tokens=24, ignore_eos=True)
@@ -167,7 +168,13 @@ def test_a_slow_callback_holds_back_only_its_own_lane():
         return logits
 
     plain_times = []
-    llm.engine.on_delta = lambda d: plain_times.append(time.monotonic()) if d.request_id.endswith("2") and d.token_ids else None
+    class Timed(Outbox):  # LLM reads the deltas back; the times are taken as they come
+        def __call__(self, d):
+            if d.request_id.endswith("2") and d.token_ids:
+                plain_times.append(time.monotonic())
+            super().__call__(d)
+
+    llm.engine.stream_to(Timed())
     outs = llm.generate(["slow one", "fast one", "plain one"], [
         PLAIN.with_(max_tokens=8, logits_processors=[slow]),
         PLAIN.with_(max_tokens=40, logits_processors=[fast]),
@@ -196,16 +203,18 @@ def test_preempted_host_lane_replays_accepted_tokens_without_calling_again():
 
     low = PLAIN.with_(max_tokens=30, priority=5, logits_processors=[count])
     ref = llm.generate(["low one"], low.with_(logits_processors=[identity]))[0].outputs[0].token_ids
-    eng.on_delta = None
+    eng.stream_to(None)
     got = {}
     eng.add_request("low", llm.tokenizer.encode("low one"), low)
     for _ in range(8):
-        for d in eng.step():
+        eng.step()
+        for d in eng.output.take():
             got.setdefault(d.request_id, []).extend(d.token_ids)
     eng.add_request("high", llm.tokenizer.encode("high one"), PLAIN.with_(max_tokens=5, priority=0))
     order = []
     while eng.has_work():
-        for d in eng.step():
+        eng.step()
+        for d in eng.output.take():
             got.setdefault(d.request_id, []).extend(d.token_ids)
             if d.finish_reason:
                 order.append(d.request_id)
@@ -258,7 +267,7 @@ def test_plans_commit_with_the_rows_nonce_and_skip_a_lane_whose_row_is_out():
     eng.add_request("plain", tok.encode("plain lane"), PLAIN.with_(max_tokens=30))
     for _ in range(12):
         eng.step()
-    (host_tag,) = [r.lane_tag for r in eng.scheduler.running.values() if r.params.host_sampled]
+    (host_tag,) = [r.lane_tag for r in eng.scheduler.table.running.values() if r.params.host_sampled]
     plans = ex.accepted()
     stuck = [p for p in plans[-8:] if any(d.lane_tag == host_tag for d in p.decodes)]
     assert not stuck  # row 1 is out: its lane is not decoded, the plain one is

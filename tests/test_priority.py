@@ -20,7 +20,8 @@ def drive(eng, got: dict, events: list, steps: int | None = None) -> None:
     n = 0
     while eng.has_work() and (steps is None or n < steps):
         n += 1
-        for d in eng.step():
+        eng.step()
+        for d in eng.output.take():
             got.setdefault(d.request_id, []).extend(d.token_ids)
             if d.token_ids and len(got[d.request_id]) == len(d.token_ids):
                 events.append(("first", d.request_id))

@@ -38,7 +38,7 @@ def make_engine(scheduler: SchedulerConfig = SchedulerConfig(), **toy) -> tuple[
     eng = Engine(ex, rings, rt.tokenizer, EngineConfig(runtime="toy", scheduler=scheduler))
     # Every delta, as it happens (this also streams tokens through PARTIAL_EMITS).
     eng.collected = {}
-    eng.on_delta = lambda d: _collect(eng.collected, d)
+    eng.stream_to(lambda d: _collect(eng.collected, d))
     return eng, ex
 
 
@@ -209,13 +209,15 @@ def test_abort_retires_the_lane_at_the_next_tick():
 
 def test_priority_runs_first_and_fcfs_among_equals():
     eng, ex = make_engine(SchedulerConfig(max_running=1))
+    eng.stream_to(None)  # deltas after each tick, from the outbox
     p = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     eng.add_request("late-low", prompt(eng, "one"), p.with_(priority=5))
     eng.add_request("first", prompt(eng, "two"), p)
     eng.add_request("second", prompt(eng, "three"), p)
     order = []
     while eng.has_work():
-        for d in eng.step():
+        eng.step()
+        for d in eng.output.take():
             if d.finish_reason:
                 order.append(d.request_id)
     assert order == ["first", "second", "late-low"]
@@ -322,7 +324,8 @@ def test_hand_made_needs_replan_then_shed_chunk():
 
 
 def test_hand_made_needs_replan_cuts_rounds_then_preempts_the_newest():
-    from superfluid.engine.request import Request, Status
+    from superfluid.engine.lifecycle import Phase
+    from superfluid.engine.request import Request
     from superfluid.engine.scheduler import Scheduler
     from superfluid.runtimes.base import RuntimeDesc
 
@@ -358,7 +361,7 @@ def test_hand_made_needs_replan_cuts_rounds_then_preempts_the_newest():
     s.step()  # both admitted, prefilled, one token each
     tags = {"old": old.lane_tag, "new": new.lane_tag}
     s.step()
-    assert new.status is Status.WAITING and new.output_token_ids == [7] and new.num_preemptions == 1
+    assert new.phase is Phase.PREEMPTED and new.output_token_ids == [7] and new.num_preemptions == 1
     assert old.output_token_ids == [7, 7]
     # the preempted request comes back with its token replayed
     ex.script.append(lambda plan: emit_one(plan))

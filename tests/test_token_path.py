@@ -55,7 +55,7 @@ def _engine(streams: bool, rounds: int = 8):
     eng = Engine(ex, rings, rt.tokenizer, EngineConfig(runtime="toy", scheduler=SchedulerConfig(max_rounds=rounds)))
     deltas = []
     if streams:
-        eng.on_delta = deltas.append
+        eng.stream_to(deltas.append)
     return eng, ex, deltas
 
 
@@ -64,7 +64,9 @@ def _drive(eng, deltas=None):
     for _ in range(2000):
         if not eng.has_work():
             break
-        out += eng.step()
+        eng.step()
+        if deltas is None:
+            out += eng.output.take()
     assert not eng.has_work()
     return deltas if deltas is not None else out
 
@@ -124,7 +126,7 @@ def test_a_stream_sees_tokens_before_its_tick_ends():
     eng, ex, deltas = _engine(streams=True, rounds=16)
     ids = eng.tokenizer.encode("stream me " * 4)
     seen_in_tick = []
-    eng.on_delta = lambda d: (deltas.append(d), seen_in_tick.append(ex.ticking))
+    eng.stream_to(lambda d: (deltas.append(d), seen_in_tick.append(ex.ticking)))
     eng.add_request("a", ids, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=0))
     _drive(eng, deltas)
     token_deltas = [t for d, t in zip(deltas, seen_in_tick) if d.token_ids]

@@ -74,7 +74,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._drain_deadline: float | None = None  # set by begin_drain (SIGTERM)
         self.error: BaseException | None = None
-        engine.on_delta = self._deliver
+        engine.stream_to(self._deliver)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "AsyncEngine":

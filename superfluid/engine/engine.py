@@ -1,8 +1,11 @@
 """The synchronous engine: requests in, deltas out, one tick per ``step``.
 
 It owns the tokenizer side of things (validation against the vocabulary and the
-context, handles for logit bias and grammars, detokenization, stop strings) and
-drives the scheduler. Every method runs on one thread — the caller's for ``LLM``,
+context, handles for logit bias and grammars, detokenization, stop-string text) and
+drives the scheduler. Tokens reach it by one door: the scheduler's Finisher hands each
+to ``_text``; ends reach it when they settle, between steps (``_settle``). It has one
+output, ``output``: every delta goes there as it happens (by default an ``Outbox``
+that keeps them until taken). Every method runs on one thread — the caller's for ``LLM``,
 the background loop's for ``AsyncEngine`` — because the executor is not
 thread-safe.
 """
@@ -18,10 +21,11 @@ from ..executor.speculate import SpecConfig
 from . import cache_keys, token_rules
 from .choice import ChoiceState
 from .config import EngineConfig
-from .outputs import Delta
+from .lifecycle import LIVE
+from .outputs import Delta, Outbox
 from .params import ParamError, SamplingParams
 from .handles import RequestHandles, LeasedPrefix
-from .request import ChoiceStart, FinishReason, Request, Status, rng_base
+from .request import ChoiceStart, FinishReason, Request, rng_base
 from .scheduler import Scheduler
 
 log = logging.getLogger("superfluid.engine")
@@ -42,12 +46,18 @@ class Engine:
         self.desc = executor.desc
         self._eos = frozenset(getattr(tokenizer, "eos_ids", ()) or ())
         self.scheduler = Scheduler(executor, rings, config.scheduler, eos_ids=self._eos)
+        self.scheduler.finisher.text = self._text
         self._load_strategy()
         self._groups: dict[str, list[Request]] = {}
         self._choices: dict[int, ChoiceState] = {}  # id(request) -> its text state
         self._compiling: set[str] = set()  # request ids with a grammar compiling in the background
-        self._out: list[Delta] = []
-        self.on_delta: Callable[[Delta], None] | None = None  # set: deltas as they happen
+        self.output: Callable[[Delta], None] = Outbox()  # every delta, as it happens
+
+    def stream_to(self, sink: Callable[[Delta], None] | None) -> None:
+        """Make ``sink`` the output, with tokens going out while their tick runs (partial
+        emits); None: back to an ``Outbox`` and deltas after each tick."""
+        self.output = sink if sink is not None else Outbox()
+        self.scheduler.streams = sink is not None
 
     # ------------------------------------------------------------ facts
     @property
@@ -227,13 +237,12 @@ class Engine:
     def fail(self, request_id: str, message: str) -> None:
         """End a request's unfinished choices with an error (e.g. the server stops)."""
         for req in self._groups.get(request_id, []):
-            if not req.is_finished:
-                self.scheduler.finish(req, FinishReason.ERROR, message)
-                self._finalize(req)
+            self.scheduler.end(req, FinishReason.ERROR, message)
+        self._settle()
 
     def is_running(self, request_id: str) -> bool:
         """Whether some choice of the request holds a lane (is not waiting for one)."""
-        return any(r.status is Status.RUNNING for r in self._groups.get(request_id, []))
+        return any(r.phase in LIVE for r in self._groups.get(request_id, []))
 
     def detach(self, request_id: str) -> list[Request]:
         """Let a request go without finishing it, because it continues elsewhere (a
@@ -245,86 +254,74 @@ class Engine:
         for req in live:
             self._choices.pop(id(req), None)
             self.scheduler.detach(req)
+        self._settle()
         return live
 
     def abort(self, request_id: str) -> None:
         for req in self._groups.get(request_id, []):
-            if not req.is_finished:
-                self.scheduler.abort(req)
-                self._finalize(req)
+            self.scheduler.end(req, FinishReason.ABORT)
+        self._settle()
 
     # ------------------------------------------------------------ stepping
-    def step(self) -> list[Delta]:
-        """One tick; returns the deltas it produced (also handed to on_delta)."""
-        self._out = []
-        on_token = self._on_token if self.on_delta is not None else None
+    def step(self) -> None:
+        """One tick; its deltas go to ``output`` as they happen. Whatever ended in it
+        settles after it, even when it raised, before a lost worker is replaced."""
+        lost = failed = None
         try:
-            updates = self.scheduler.step(on_token)
+            self.scheduler.step()
         except ExecutorLost as e:
-            self._recover_or_fail(e)
-            return self._out
+            lost = e
         except Exception as e:
-            return self._isolate(e)
-        for u in updates:
-            req = u.request
-            state = self._choices.get(id(req))
-            if state is None:
-                continue
-            for i, token in enumerate(u.new_token_ids):
-                lp = u.new_logprobs[i] if i < len(u.new_logprobs) else None
-                self._process(req, state, token, lp)
-            if req.is_finished:
-                self._finalize(req)
-        return self._out
+            failed = e
+        self._settle()
+        if lost is not None:
+            self._recover_or_fail(lost)
+        elif failed is not None:
+            self._isolate(failed)
 
-    def _isolate(self, error: Exception) -> list[Delta]:
+    def _isolate(self, error: Exception) -> None:
         """A step raised: fail the request it is blamed on, not every request. When no
         new request can be blamed, a supervised worker is replaced and its requests
         replayed (the same text); only an executor in this process fails everything."""
         blamed = self.scheduler.isolate(error)
         if blamed is not None:
             log.warning("a step failed (%r); blamed: %s", error, [r.request_id for r in blamed] or "one of several (probation)")
-            for req in blamed:
-                self._finalize(req)
-            return self._out
+            self._settle()
+            return
         if not isinstance(self.supervisor, InProcess):
             log.error("a step failed with no new request to blame (%r): replacing the worker", error)
             self._recover_or_fail(ExecutorLost(f"engine error: {error!r}"))
-            return self._out
+            return
         self._fail_all(f"engine error: {error}")
         raise error
 
-    def _on_token(self, req: Request, token: int, lp) -> None:
-        """A token streamed from the running tick; the request, if it ends, finishes
-        after the tick (its update says so)."""
+    def _text(self, req: Request, token: int, lp) -> bool:
+        """A token the Finisher took for ``req``: its text goes out; True when a stop
+        string ended the request at it."""
         state = self._choices.get(id(req))
-        if state is not None:
-            self._process(req, state, token, lp)
-
-    def _process(self, req: Request, state: ChoiceState, token: int, lp) -> None:
+        if state is None:
+            return False
         if state.n_processed == 0 and req.first_token_time is None:
             req.first_token_time = time.monotonic()
         delta = state.process(token, lp)
-        if delta is None:
-            return
-        if state.stop.stopped is not None and not req.done:
-            self.scheduler.finish(req, FinishReason.STOP)
-        self._emit(delta)
+        if delta is not None:
+            self.output(delta)
+        return state.stop.stopped is not None
+
+    def _settle(self) -> None:
+        """Requests whose end settled: their last delta goes out."""
+        for req in self.scheduler.settle():
+            self._finalize(req)
 
     def _finalize(self, req: Request) -> None:
         state = self._choices.get(id(req))
         if state is None or state.done:
             return
-        self._emit(state.finalize())
+        self.output(state.finalize())
         del self._choices[id(req)]
         group = self._groups.get(req.group_id, [])
         if all(r.is_finished for r in group):
             self._groups.pop(req.group_id, None)
-
-    def _emit(self, delta: Delta) -> None:
-        self._out.append(delta)
-        if self.on_delta is not None:
-            self.on_delta(delta)
 
     def _recover_or_fail(self, lost: ExecutorLost) -> None:
         log.warning("the model worker was lost (%s); starting a clean one and replaying its requests", lost)
@@ -345,7 +342,6 @@ class Engine:
     def _fail_all(self, message: str) -> None:
         for reqs in list(self._groups.values()):
             for req in reqs:
-                if not req.is_finished:
-                    self.scheduler.finish(req, FinishReason.ERROR, message)
-                    self._finalize(req)
+                self.scheduler.end(req, FinishReason.ERROR, message)
+        self._settle()
 

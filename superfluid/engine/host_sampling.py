@@ -83,7 +83,7 @@ class HostSampler:
                 keep.append(j)
                 continue
             req = j.req
-            if req.lane_tag != j.lane_tag or req.is_finished or len(req.output_token_ids) != j.position:
+            if req.lane_tag != j.lane_tag or not req.takes_tokens or len(req.output_token_ids) != j.position:
                 continue  # the lane it came from is gone (see the invariants)
             req.host_row_out = False
             err = j.future.exception()

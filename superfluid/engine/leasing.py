@@ -1,5 +1,7 @@
-"""A step's prefix leases: at most one per request across the step's re-plans, and what
-the accepted tick did not use goes back when the step ends.
+"""A step's prefix leases: at most one per request across the step's re-plans, taken
+only for a request the planner has decided to admit if it fits (after the batch,
+priority and fork checks), and what the accepted tick did not use goes back when the
+step ends (``with StepLeases(...)``, whatever ended the step).
 
 A lease pins its cache entry, so one a request leased but was not admitted with is
 released at once, not at its TTL (the pool must stay evictable). An adopted lease (a
@@ -14,8 +16,9 @@ from .request import Request
 
 
 class StepLeases:
-    def __init__(self, executor, config: SchedulerConfig, batch_invariant: bool):
+    def __init__(self, executor, config: SchedulerConfig, batch_invariant: bool, waiting: list[Request]):
         self.ex, self.config, self.batch_invariant = executor, config, batch_invariant
+        self._waiting = waiting  # the queue, read at the end: adopted leases stay with who waits
         self._leases: dict[int, LeasedPrefix | None] = {}  # id(request) -> its lease this step
         self.used: set[int] = set()  # lease handles the accepted tick's admits consumed
 
@@ -39,7 +42,15 @@ class StepLeases:
             self._leases[id(req)] = LeasedPrefix(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
         return self._leases[id(req)]
 
-    def release_unused(self, waiting: list[Request]) -> None:
+    def consumed(self, admissions) -> None:
+        """The executor accepted a tick with these admissions: their leases are spent."""
+        self.used.update(a.lease.handle for a in admissions if a.lease is not None)
+
+    def __enter__(self) -> StepLeases:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        waiting = self._waiting
         for lease in self._leases.values():
             if lease is not None and lease.handle not in self.used and not any(r.handles.adopted is lease for r in waiting):
                 self.ex.release_lease(lease.handle)

@@ -204,7 +204,8 @@ class LLM:
         pending = set(outputs)
         try:
             while pending:
-                for d in self.engine.step():
+                self.engine.step()
+                for d in self.engine.output.take():
                     if _apply(outputs.get(d.request_id), d):
                         pending.discard(d.request_id)
                         if bar is not None:
@@ -231,6 +232,7 @@ class LLM:
     def _settle(self) -> None:
         while self.engine.has_work():  # retire (and publish) the finished lanes
             self.engine.step()
+        self.engine.output.take()  # what ended with them was told, or not asked for
 
 
 def _is_ids(x) -> bool:

@@ -75,3 +75,17 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+
+
+class Outbox:
+    """An engine's default output: the deltas, kept in order until taken."""
+
+    def __init__(self):
+        self._deltas: list[Delta] = []
+
+    def __call__(self, delta: Delta) -> None:
+        self._deltas.append(delta)
+
+    def take(self) -> list[Delta]:
+        out, self._deltas = self._deltas, []
+        return out

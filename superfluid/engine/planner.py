@@ -1,5 +1,5 @@
 """Decisions of one tick: which lanes retire, prefill, decode, and which requests
-are admitted. Building a plan changes no request; ``Scheduler.update`` applies a
+are admitted. Building a plan changes no request; the ``RequestTable`` applies a
 ``ScheduledTick`` once the executor accepted it, so a plan answered with
 ``NeedsReplan`` is simply rebuilt under tighter ``Limits``.
 
@@ -18,7 +18,8 @@ from ..pages import cells_added, cells_for
 from .config import SchedulerConfig
 from .handles import LeasedPrefix
 from .priority import PriorityPolicy
-from .request import Request, Status, next_lane_tag
+from .lifecycle import LIVE, QUEUED, RETIRES
+from .request import Request, next_lane_tag
 
 MAX_GRANT = 0xFFFF  # max_new_tokens is a u16 in the reference ABI
 
@@ -161,23 +162,21 @@ class Planner:
 
     def _retires(self, view: SchedulerView, tick: ScheduledTick, publish: bool
                  ) -> tuple[list[abi.LaneRetire], list[Request]]:
-        """The lanes that end this tick (finished ones publish their state to the cache
-        unless ``publish`` is off; preempted ones do not), and the live rest."""
+        """The lanes that end this tick (those of ended requests publish their state to
+        the cache unless ``publish`` is off; preempted ones do not), and the live rest."""
         retires = list(view.orphan_retires)
         for req in view.running:
-            if req.retire_pending:
+            if req.phase in RETIRES:
                 retires.append(abi.LaneRetire(req.lane_tag, publish_to_cache=self.config.prefix_caching and publish))
                 tick.retires.append(req.lane_tag)
         tick.retires += [r.lane_tag for r in view.orphan_retires]
-        return retires, [r for r in view.running if not r.retire_pending]
+        return retires, [r for r in view.running if r.phase in LIVE]
 
     def _continue_running(self, live: list[Request], draft: _Draft, tick: ScheduledTick) -> None:
         """Each running lane's next prefill chunk (or host commit), and one decode round
         for each that is fully prefilled after it."""
         page = self.desc.page
         for req in live:
-            if req.lane_finished:
-                continue  # waits for the engine to finish it; cannot decode again
             if req.host_commit is not None:
                 draft.commits.append(req.host_commit)
             elif req.host_row_out:
@@ -214,7 +213,7 @@ class Planner:
         siblings = {r.group_id for r in view.waiting if r.index > 0}
         for req in view.waiting:
             lead = leaders.get(req.group_id) if forking and req.index > 0 and not req.output_token_ids else None
-            if lead is not None and not lead.is_finished and (lead.status is Status.WAITING or not lead.prefill_done):
+            if lead is not None and lead.takes_tokens and (lead.phase in QUEUED or not lead.prefill_done):
                 continue  # forks once the first choice's prompt is cached
             if len(draft.admits) >= max_admits:
                 break

@@ -11,9 +11,11 @@ Invariants:
 - ``prefilled`` counts the history tokens the *current* lane holds (a seed's
   prefix counts); it only moves when an executor event says so.
 - Handles (logit bias, grammar, an adopted lease) belong to the request's
-  ``RequestHandles`` (handles.py), taken when it is submitted and released when it
-  finishes (``finish``), never when a lane retires: a preempted request comes back
-  with them.
+  ``RequestHandles`` (handles.py), taken when it is submitted and released when its
+  end settles (``RequestTable``), never when a lane retires: a preempted request comes
+  back with them.
+- ``phase`` (lifecycle.py) is the request's one state; only the scheduler's
+  ``RequestTable`` changes it. This record holds data and makes no executor call.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from .. import abi
 from ..executor.sampling import splitmix64
 from .handles import RequestHandles
+from .lifecycle import ENDED, TAKES_TOKENS, Phase
 from .params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -40,12 +43,6 @@ def rng_base(seed: int | None, index: int) -> int:
     if seed is None:
         return int.from_bytes(os.urandom(8), "little")
     return splitmix64(splitmix64(seed & _MASK64) ^ splitmix64((index + 1) * 0x9E3779B97F4A7C15 & _MASK64))
-
-
-class Status(enum.Enum):
-    WAITING = "waiting"  # queued (new, or preempted and to be re-admitted)
-    RUNNING = "running"  # a lane holds it
-    FINISHED = "finished"
 
 
 class FinishReason(str, enum.Enum):
@@ -88,7 +85,7 @@ class Request:
     rng_base: int = 0
     arrival: float = field(default_factory=time.monotonic)
 
-    status: Status = Status.WAITING
+    phase: Phase = Phase.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -99,11 +96,6 @@ class Request:
     prefill_end: int = 0  # history tokens that go through prefill (the rest: decode replay)
     replay: int = 0  # decode_replay of the current admission
     replay_pending: bool = False  # a re-admitted lane has not emitted yet
-    retire_pending: bool = False  # finished or aborted; the lane goes at the next tick
-    # Ended while a tick ran (a stop string, max_tokens): finished when the tick is over,
-    # so that nothing (handles, lanes) is released while the executor is busy.
-    ending: tuple[FinishReason, str | None] | None = None
-    lane_finished: bool = False  # the executor reported a finish for this lane
 
     # accounting
     cached_tokens: int = 0  # prompt tokens a seed covered at the first admission
@@ -135,12 +127,13 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status is Status.FINISHED
+        """Its end is settled (its last delta may go out); its lane may still retire."""
+        return self.phase in ENDED
 
     @property
-    def done(self) -> bool:
-        """Finished, or ending at this tick's end: it takes no more tokens."""
-        return self.status is Status.FINISHED or self.ending is not None
+    def takes_tokens(self) -> bool:
+        """A token that reaches it counts: it is neither ending nor finished."""
+        return self.phase in TAKES_TOKENS
 
     @property
     def prefill_done(self) -> bool:
@@ -151,15 +144,3 @@ class Request:
         if self.prefilled < self.prefill_end:
             return self.prefilled
         return len(self.prompt_token_ids) + len(self.output_token_ids)
-
-    def finish(self, reason: FinishReason, error: str | None = None) -> None:
-        """Mark finished and release the handles (the one place a request ends, so
-        they go exactly once); the scheduler retires a live lane at its next tick."""
-        if self.status is Status.FINISHED:
-            return
-        self.finish_reason = reason
-        self.error = error
-        if self.lane_tag is not None:
-            self.retire_pending = True
-        self.status = Status.FINISHED
-        self.handles.release()

@@ -1,12 +1,8 @@
-"""What a scheduler step reports: per-request updates, its statistics, its errors."""
+"""What the scheduler reports: its statistics and its errors."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
-
-from .. import abi
-from .request import Request
 
 
 # A request whose grammar admits no token of the vocabulary at some point ends with this
@@ -16,14 +12,6 @@ GRAMMAR_DEAD_END = "the response format's grammar admits no token of this model'
 
 class SchedulerError(RuntimeError):
     """The executor rejected a plan: a bug on this side, not a request's fault."""
-
-
-@dataclass
-class RequestUpdate:
-    request: Request
-    new_token_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[abi.LaneLogprob] = field(default_factory=list)
-    finished: bool = False
 
 
 @dataclass
@@ -46,10 +34,3 @@ class SchedulerStats:
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-
-# A token picked inside a running tick, with its logprob, for the engine to stream now.
-TokenCallback = Callable[[Request, int, "abi.LaneLogprob | None"], None]
-
-def update_of(updates: dict[int, RequestUpdate], req: Request) -> RequestUpdate:
-    return updates.setdefault(id(req), RequestUpdate(req))
