@@ -27,7 +27,7 @@ class Status(IntEnum):
     REJECT_UNKNOWN_LANE = 5
     REJECT_HOST_RULES = 6
     REJECT_STALE_NONCE = 7
-    REJECT_STALE_SEED = 8
+    REJECT_STALE_LEASE = 8  # the reference ABI: RejectStaleSeed (a lease is a "seed" there)
     NEEDS_REPLAN = 9
     FATAL = 10
 
@@ -125,6 +125,15 @@ class LaneParams(msgspec.Struct, frozen=True, array_like=True):
     flags: int = 0  # SamplingFlag bits
 
 
+class Lease(msgspec.Struct, frozen=True, array_like=True):
+    """A lease on a cached prefix (or an adopted sequence), the one shape every layer holds:
+    the handle an admit names (``LaneAdmit.lease_handle``) and how many tokens of the
+    prompt the leased state holds."""
+
+    handle: int
+    prefix_len: int
+
+
 class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     lane_tag: int
     prompt: RingRef
@@ -136,7 +145,7 @@ class LaneAdmit(msgspec.Struct, frozen=True, array_like=True):
     grammar_handle: int = 0
     grammar_replay: int = 0  # last N prompt tokens advance the grammar cursor
     logit_bias_handle: int = 0
-    seed_handle: int = 0
+    lease_handle: int = 0  # a prefix-cache lease (the reference ABI: seed_handle)
     determinism_class: int = 0
     want_logprobs: int = 0  # 0: none; k + 1: chosen token plus top k
     # Cache the prompt (whole pages) as soon as its prefill completes, while the lane

@@ -30,7 +30,7 @@ class LaneRun:
     params: LaneParams = LaneParams()
     chunk: int = 1 << 30
     rounds: int = 4
-    seed_handle: int = 0
+    lease_handle: int = 0
     prefilled: int = 0
     prefill_end: int = 0
     decode_replay: int = 0
@@ -59,18 +59,18 @@ class Driver:
         self.seq = 0
         self.lanes: dict[int, LaneRun] = {}
         self.events = []
-        self.seed_lens: dict[int, int] = {}  # lease handle -> prefix length
+        self.lease_lens: dict[int, int] = {}  # lease handle -> prefix length
 
     def lease(self, prompt: list[int]):
         lease = self.ex.lease_prefix(prompt)
         if lease is not None:
-            self.seed_lens[lease.handle] = lease.prefix_len
+            self.lease_lens[lease.handle] = lease.prefix_len
         return lease
 
     def add(self, run: LaneRun) -> LaneRun:
-        if run.seed_handle:
-            h = run.seed_handle
-            run.prefilled = self.seed_lens[h] if h in self.seed_lens else self.ex.leases[h].prefix_len
+        if run.lease_handle:
+            h = run.lease_handle
+            run.prefilled = self.lease_lens[h] if h in self.lease_lens else self.ex.leases[h].prefix_len
         run.prefill_end = max(len(run.prompt) - run.decode_replay, run.prefilled)
         self.lanes[run.tag] = run
         return run
@@ -88,7 +88,7 @@ class Driver:
                     LaneAdmit(
                         run.tag, r.write_prompt(run.prompt), run.sampling, run.params, run.rng_base,
                         run.decode_replay, run.strategy_slot, run.grammar_handle, run.grammar_replay,
-                        run.logit_bias_handle, run.seed_handle, 0, run.want_logprobs,
+                        run.logit_bias_handle, run.lease_handle, 0, run.want_logprobs,
                     )
                 )
             after = run.prefilled

@@ -86,7 +86,7 @@ def test_seeded_lane_matches_a_fresh_one(params, sampling, shares):
     assert len(ex.cache) == 1
     lease = d.lease(prompt + [9, 10, 11, 12])
     assert lease is not None and lease.prefix_len == 44  # whole pages of the 45-token prompt
-    run = d.add(LaneRun(2, prompt + [9, 10, 11, 12], N, sampling=sampling, params=params, rounds=3, rng_base=77, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, prompt + [9, 10, 11, 12], N, sampling=sampling, params=params, rounds=3, rng_base=77, lease_handle=lease.handle))
     d.run()
     assert run.out[:N] == want
     assert first.out  # the publishing lane ran
@@ -102,7 +102,7 @@ def test_seed_covering_the_whole_prompt_holds_back_its_last_token():
     d.retire([1])
     lease = d.lease(prompt)
     assert lease.prefix_len == 48
-    run = d.add(LaneRun(2, prompt, N, rng_base=77, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, prompt, N, rng_base=77, lease_handle=lease.handle))
     d.run()
     assert run.out[:N] == want
 
@@ -187,7 +187,7 @@ def test_next_turn_takes_the_entry_over_without_a_copy():
     [entry] = ex.cache.entries
     lease = d.lease(turn)
     assert lease.prefix_len == 52
-    run = d.add(LaneRun(2, turn, N, rng_base=77, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, turn, N, rng_base=77, lease_handle=lease.handle))
     ev = d.tick()
     assert not ex.cache.entries and ex.lanes[2].seq == entry.seq  # the lane holds the entry's own sequence
     assert [(s.kind, s.lane_tag) for s in ev.shed.entries] == [(ShedKind.CACHE_EVICTION, 2)]
@@ -206,10 +206,10 @@ def test_adopted_sequence_from_another_executor():
     payload = src.prim.seq_export(entry.seq)
     dst = Executor(ToyRuntime())
     lease = dst.adopt(entry.tokens, payload)
-    assert lease.adopted in dst.bare
+    assert dst.leases[lease.handle].adopted in dst.bare
     d2 = Driver(dst)
-    d2.seed_lens[lease.handle] = lease.prefix_len
-    run = d2.add(LaneRun(1, entry.tokens + [7, 8], N, rng_base=77, seed_handle=lease.handle))
+    d2.lease_lens[lease.handle] = lease.prefix_len
+    run = d2.add(LaneRun(1, entry.tokens + [7, 8], N, rng_base=77, lease_handle=lease.handle))
     d2.run()
     assert run.out[:N] == reference(LaneParams(), Sampling.GREEDY, entry.tokens + [7, 8])
     assert not dst.bare

@@ -55,7 +55,7 @@ def test_checkpoint_lands_one_token_before_the_prompt_end():
     # a resent prompt starts from the checkpoint and gives the same tokens
     lease = d.lease(prompt)
     assert lease.prefix_len == len(prompt) - 1
-    run = d.add(LaneRun(2, prompt, 5, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, prompt, 5, lease_handle=lease.handle))
     d.run()
     assert run.out == d.lanes[1].out
     assert all(n in (0, length) for length, n in rt.truncates)
@@ -74,7 +74,7 @@ def test_next_turn_starts_from_the_published_state():
     nxt = turn1 + prompt_of(9, salt=3)
     lease = d.lease(nxt)
     assert lease.prefix_len == len(turn1)  # exact: the whole previous turn
-    run = d.add(LaneRun(2, nxt, 10, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, nxt, 10, lease_handle=lease.handle))
     d.run()
     assert run.out == reference(LaneParams(), Sampling.GREEDY, nxt, n=10, exact_only=True)
     assert all(n in (0, length) for length, n in rt.truncates)
@@ -307,7 +307,7 @@ def test_export_and_import_entries_round_trip():
     assert [c.op for c in ev.op_completions] == [1] and ev.mem.host_retained_bytes == entry.bytes
     # a seed from the exported entry imports it and gives the same tokens
     lease = d.lease(prompt_of(40))
-    run = d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, prompt_of(40), 6, lease_handle=lease.handle))
     d.run()
     assert run.out == reference(LaneParams(), Sampling.GREEDY, prompt_of(40), n=6)
 
@@ -322,7 +322,7 @@ def test_failed_import_prefills_afresh():
     ex.export_entries()
     lease = d.lease(prompt_of(40))
     rt.fail_on("seq_import", Fault(FaultCode.INTERNAL))
-    run = d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, prompt_of(40), 6, lease_handle=lease.handle))
     d.run()
     assert run.out == reference(LaneParams(), Sampling.GREEDY, prompt_of(40), n=6)
     assert not ex.cache.entries  # the entry whose state was lost is gone

@@ -229,7 +229,7 @@ class ExecutorMachine(RuleBasedStateMachine):
     def _lease(self, prompt: list[int]):
         lease = self.ex.lease_prefix(prompt, ttl_ticks=self.r.randint(0, 3))
         if lease is not None:
-            assert prompt[: lease.prefix_len] == lease.prefix
+            assert prompt[: lease.prefix_len] == self.ex.leases[lease.handle].prefix
             if self.desc.exact_only:
                 assert lease.prefix_len < len(prompt)
             else:
@@ -241,7 +241,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         ref = self.rings.write_prompt(prompt)
         sampling = Sampling.HOST if host else Sampling.GREEDY
         n = 0 if seed is None else seed.prefix_len
-        d.admits.append(LaneAdmit(tag, ref, sampling=sampling, seed_handle=0 if seed is None else seed.handle))
+        d.admits.append(LaneAdmit(tag, ref, sampling=sampling, lease_handle=0 if seed is None else seed.handle))
         m = MLane(prompt, host, n)
         d.new[tag] = m
         work.append((tag, m, False))
@@ -253,7 +253,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         seed = None
         if self.adopted and r.random() < 0.3:
             lease, toks = self.adopted.pop(0)
-            if lease.handle in self.ex.leases and lease.adopted in self.ex.bare:
+            if lease.handle in self.ex.leases and self.ex.leases[lease.handle].adopted in self.ex.bare:
                 prompt = (toks + self.tokens(1, 6))[: self.desc.max_seq_len - 2]
                 if len(prompt) > len(toks):
                     seed = lease
@@ -315,7 +315,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         assert all(a.status == 0 and a.granted_class == 1 for a in ev.admit_results)
         for a in plan.admits:
             self.lanes[a.lane_tag] = d.new[a.lane_tag]
-            if a.seed_handle:
+            if a.lease_handle:
                 self.stats["seeded"] += 1
         # prefill: the budget's cut is a shed chunk
         left = plan.prefill_token_budget
@@ -440,7 +440,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         decoding_lanes = [x for x in d.decodes if x.lane_tag in self.lanes]
         if decoding_lanes:
             kinds.append("retire_decoding")
-        seeded = [a for a in d.admits if a.seed_handle]
+        seeded = [a for a in d.admits if a.lease_handle]
         if seeded:
             kinds += ["seed_twice", "seed_class"]
         kind = r.choice(kinds)
@@ -510,16 +510,16 @@ class ExecutorMachine(RuleBasedStateMachine):
                     return d.plan(seq, admits=ad, **without(a.lane_tag)), S.REJECT_ILLEGAL_COMBINATION
                 return d.plan(seq, admits=ad), S.REJECT_ILLEGAL_COMBINATION
             if kind == "long_prompt":
-                ad[j] = replace(a, prompt=self.rings.write_prompt([7] * (self.desc.max_seq_len + 1)), seed_handle=0)
+                ad[j] = replace(a, prompt=self.rings.write_prompt([7] * (self.desc.max_seq_len + 1)), lease_handle=0)
                 return d.plan(seq, admits=ad, **without(a.lane_tag)), S.REJECT_BUDGET
-            seeded = [k for k, x in enumerate(ad) if x.seed_handle]
+            seeded = [k for k, x in enumerate(ad) if x.lease_handle]
             k = seeded[i % len(seeded)]
             a = ad[k]
             if kind == "seed_class":
                 ad[k] = replace(a, determinism_class=a.determinism_class + 1)
-                return d.plan(seq, admits=ad), S.REJECT_STALE_SEED
+                return d.plan(seq, admits=ad), S.REJECT_STALE_LEASE
             ad.append(replace(a, lane_tag=self.new_tag()))
-            return d.plan(seq, admits=ad), S.REJECT_STALE_SEED
+            return d.plan(seq, admits=ad), S.REJECT_STALE_LEASE
         if kind in ("stale_nonce", "bad_commit_token"):
             cs = list(d.commits)
             c = cs[i % len(cs)]

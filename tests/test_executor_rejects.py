@@ -47,8 +47,9 @@ GREEDY, PARTIAL, HOST_PENDING, HOST_IDLE = 1, 2, 3, 4
 class Live:
     d: Driver
     nonce: int  # lane 3's pending row
-    lease: object  # a seed for A + more, pinning entry A
+    lease: object  # a lease for A + more, pinning entry A
     bare: object  # an adopted lease over C
+    entry_a: int = 0  # the cache entry the lease pins
 
     @property
     def ex(self):
@@ -81,13 +82,13 @@ def live(n_cells: int = 96, **kw) -> Live:
     assert all(e.finish == 0 for e in out.events.emits)
     nonce = d.emit(out, HOST_PENDING).logits_row.generation
     lease = d.ex.lease_prefix(A + [77, 78])
-    assert lease is not None and lease.prefix == A
+    assert lease is not None and d.ex.leases[lease.handle].prefix == A
     bare = d.ex.adopt(C, ("kv", list(C)))
     check_invariants(d.ex)
     assert d.ex.lanes[PARTIAL].prefilled == 4
     assert d.ex.lanes[HOST_PENDING].pending_logits is not None
     assert d.ex.lanes[HOST_IDLE].pending_logits is None
-    return Live(d, nonce, lease, bare)
+    return Live(d, nonce, lease, bare, d.ex.leases[lease.handle].entry_id)
 
 
 def reject_then_accept(lv: Live, status: Status, bad: TickPlan, good: TickPlan):
@@ -449,37 +450,37 @@ def test_reject_stale_seed(cause):
     ref = d.write(prompt)
     ref2 = d.write(A + [50, 51])
     n = len(A)
-    good = d.plan(admits=[LaneAdmit(5, ref, seed_handle=lv.lease.handle)], prefills=[PrefillChunk(5, n, 3)])
+    good = d.plan(admits=[LaneAdmit(5, ref, lease_handle=lv.lease.handle)], prefills=[PrefillChunk(5, n, 3)])
     if cause in ("expired_and_swept", "expired_still_held", "released", "unknown_handle"):
         if cause == "unknown_handle":
             handle = 999
-        bad = d.plan(admits=[LaneAdmit(5, ref, seed_handle=handle)], prefills=[PrefillChunk(5, n, 3)])
+        bad = d.plan(admits=[LaneAdmit(5, ref, lease_handle=handle)], prefills=[PrefillChunk(5, n, 3)])
     elif cause == "reused_in_one_plan":
         bad = d.plan(
-            admits=[LaneAdmit(5, ref, seed_handle=handle), LaneAdmit(6, ref2, seed_handle=handle)],
+            admits=[LaneAdmit(5, ref, lease_handle=handle), LaneAdmit(6, ref2, lease_handle=handle)],
             prefills=[PrefillChunk(5, n, 3), PrefillChunk(6, n, 2)],
         )
         second = ex.lease_prefix(A + [50, 51])
         good = d.plan(
-            admits=[LaneAdmit(5, ref, seed_handle=handle), LaneAdmit(6, ref2, seed_handle=second.handle)],
+            admits=[LaneAdmit(5, ref, lease_handle=handle), LaneAdmit(6, ref2, lease_handle=second.handle)],
             prefills=[PrefillChunk(5, n, 3), PrefillChunk(6, n, 2)],
         )
     elif cause == "prefix_mismatch":
         wrong = d.write(A[:5] + [3] + A[6:] + [77])
-        bad = d.plan(admits=[LaneAdmit(5, wrong, seed_handle=handle)], prefills=[PrefillChunk(5, n, 1)])
+        bad = d.plan(admits=[LaneAdmit(5, wrong, lease_handle=handle)], prefills=[PrefillChunk(5, n, 1)])
     elif cause == "prompt_shorter_than_prefix":
         short = d.write(A[:8])
-        bad = d.plan(admits=[LaneAdmit(5, short, seed_handle=handle)])
+        bad = d.plan(admits=[LaneAdmit(5, short, lease_handle=handle)])
     elif cause == "determinism_class_mismatch":
-        bad = d.plan(admits=[LaneAdmit(5, ref, seed_handle=handle, determinism_class=1)], prefills=[PrefillChunk(5, n, 3)])
+        bad = d.plan(admits=[LaneAdmit(5, ref, lease_handle=handle, determinism_class=1)], prefills=[PrefillChunk(5, n, 3)])
     elif cause == "adopted_used_twice":
         refc = d.write(C + [7, 8])
         refc2 = d.write(C + [9])
         bad = d.plan(
-            admits=[LaneAdmit(5, refc, seed_handle=lv.bare.handle), LaneAdmit(6, refc2, seed_handle=lv.bare.handle)]
+            admits=[LaneAdmit(5, refc, lease_handle=lv.bare.handle), LaneAdmit(6, refc2, lease_handle=lv.bare.handle)]
         )
-        good = d.plan(admits=[LaneAdmit(5, refc, seed_handle=lv.bare.handle), LaneAdmit(6, refc2)])
-    out = reject_then_accept(lv, Status.REJECT_STALE_SEED, bad, good)
+        good = d.plan(admits=[LaneAdmit(5, refc, lease_handle=lv.bare.handle), LaneAdmit(6, refc2)])
+    out = reject_then_accept(lv, Status.REJECT_STALE_LEASE, bad, good)
     assert out.events.admit_results[0].lane_tag == 5
     # the admitted lane starts from the seed's prefix
     if cause == "adopted_used_twice":
@@ -487,7 +488,7 @@ def test_reject_stale_seed(cause):
         assert not ex.bare
     else:
         assert ex.lane_tokens(5) == prompt
-        assert ex.cache.get(lv.lease.entry_id).pins == 0  # every lease on A was used or went
+        assert ex.cache.get(lv.entry_a).pins == 0  # every lease on A was used or went
 
 
 # ------------------------------------------------------------------ needs replan
@@ -557,7 +558,7 @@ def test_eviction_makes_room():
     lv = live()
     d, ex = lv.d, lv.ex
     eb = _entry_b(lv)
-    ea = ex.cache.get(lv.lease.entry_id)
+    ea = ex.cache.get(lv.entry_a)
     d.begin()
     prompt = _big_prompt(lv, 4)
     big = d.write(prompt)
@@ -614,12 +615,12 @@ def test_take_over_relieves_a_full_pool():
     (e,) = list(d.ex.cache)
     turn = e.tokens + [5, 6, 7, 8]
     lease = d.ex.lease_prefix(turn)
-    assert lease.prefix == e.tokens
+    assert d.ex.leases[lease.handle].prefix == e.tokens
     d.begin()
     ref = d.write(turn)
     mem = d.rt.mem_counters()
     assert mem.cells_total - mem.cells_used < len(e.tokens) + 4 + 1  # a copy would not fit
-    out = d.ok(admits=[LaneAdmit(1, ref, seed_handle=lease.handle)], prefills=[PrefillChunk(1, len(e.tokens), 4)], decodes=[LaneDecode(1, 1)])
+    out = d.ok(admits=[LaneAdmit(1, ref, lease_handle=lease.handle)], prefills=[PrefillChunk(1, len(e.tokens), 4)], decodes=[LaneDecode(1, 1)])
     assert not list(d.ex.cache)
     taken = [s for s in out.events.shed.entries if s.kind == ShedKind.CACHE_EVICTION]
     assert [(s.lane_tag, s.tokens) for s in taken] == [(1, len(e.tokens))]
@@ -649,11 +650,11 @@ def _full_prompt_forks(n_cells: int, shares: bool, n_forks: int, filler: int):
     r = d.write([50 + i for i in range(filler)])
     d.ok(admits=[LaneAdmit(1, r)], prefills=[PrefillChunk(1, 0, filler)])
     leases = [d.ex.lease_prefix(E) for _ in range(n_forks)]
-    assert all(l.prefix == E for l in leases)  # the whole prompt is cached
+    assert all(d.ex.leases[l.handle].prefix == E for l in leases)  # the whole prompt is cached
     d.begin()
     refs = [d.write(E) for _ in range(n_forks)]
     plan = d.plan(
-        admits=[LaneAdmit(10 + i, refs[i], seed_handle=leases[i].handle) for i in range(n_forks)],
+        admits=[LaneAdmit(10 + i, refs[i], lease_handle=leases[i].handle) for i in range(n_forks)],
         evictable_cache_classes=CacheClass.RESIDENT_PREFIX,
         max_evict_bytes=1 << 30,
     )

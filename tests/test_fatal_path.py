@@ -77,7 +77,7 @@ def test_seq_create_for_a_seeded_lane_out_of_room_faults_and_unpins():
     rt = ToyRuntime()
     ex, d, _ = cached(rt)
     lease = d.lease(prompt_of(40) + [5, 6])
-    run = d.add(LaneRun(2, prompt_of(40) + [5, 6], 4, seed_handle=lease.handle))
+    run = d.add(LaneRun(2, prompt_of(40) + [5, 6], 4, lease_handle=lease.handle))
     rt.fail_on("seq_create", Capacity("full"))
     ev = d.tick()
     assert run.fault == FaultCode.OOM_TENTATIVE and not ex.fatal_calls
@@ -89,7 +89,7 @@ def test_seq_create_fatal_for_a_seeded_lane_takes_the_fatal_path():
     rt = ToyRuntime()
     ex, d, _ = cached(rt)
     lease = d.lease(prompt_of(40) + [5, 6])
-    d.add(LaneRun(2, prompt_of(40) + [5, 6], 4, seed_handle=lease.handle))
+    d.add(LaneRun(2, prompt_of(40) + [5, 6], 4, lease_handle=lease.handle))
     rt.fail_on("seq_create", Fatal("device lost"))
     d.seq -= 1
     fatal_tick(ex, d)
@@ -103,7 +103,7 @@ def test_take_over_truncate_failure_takes_the_fatal_path():
     lease = d.lease(turn)
     [entry] = ex.cache.entries
     assert 0 < lease.prefix_len < len(entry.tokens)
-    d.add(LaneRun(2, turn, 4, seed_handle=lease.handle))
+    d.add(LaneRun(2, turn, 4, lease_handle=lease.handle))
     rt.fail_on("seq_truncate", Fatal("device lost"))
     d.seq -= 1
     fatal_tick(ex, d)
@@ -122,8 +122,8 @@ def test_adopted_sequence_truncate_failure_takes_the_fatal_path():
     ex = Recorded(rt)
     lease = ex.adopt(entry.tokens, payload)
     d = Driver(ex)
-    d.seed_lens[lease.handle] = lease.prefix_len
-    d.add(LaneRun(1, list(entry.tokens), 4, seed_handle=lease.handle))  # the whole prompt: cut one short
+    d.lease_lens[lease.handle] = lease.prefix_len
+    d.add(LaneRun(1, list(entry.tokens), 4, lease_handle=lease.handle))  # the whole prompt: cut one short
     rt.fail_on("seq_truncate", Fatal("device lost"))
     d.seq -= 1
     fatal_tick(ex, d)
@@ -139,7 +139,7 @@ def test_import_failures_take_the_fatal_path(failures, site):
     ex, d, _ = cached(rt)
     ex.export_entries()
     lease = d.lease(prompt_of(40))
-    d.add(LaneRun(2, prompt_of(40), 6, seed_handle=lease.handle))
+    d.add(LaneRun(2, prompt_of(40), 6, lease_handle=lease.handle))
     for primitive, error in failures.items():
         rt.fail_on(primitive, error)
     d.seq -= 1

@@ -115,7 +115,7 @@ def test_prefix_cache_seeds_the_second_request():
     page = ex.desc.page
     n_shared = len(prompt(eng, shared))
     assert reqs[0].cached_tokens >= (n_shared // page - 1) * page > 0
-    assert any(adm.seed_handle for p in ex.accepted() for adm in p.admits)
+    assert any(adm.lease_handle for p in ex.accepted() for adm in p.admits)
     # The same prompt again: seeded, and the same tokens as its first run.
     again = eng.add_request("c", prompt(eng, shared + "first"), SAMPLED)
     c = run(eng)["c/0"]
@@ -397,7 +397,7 @@ def test_n_choices_fork_from_the_first_choices_cached_prompt():
     prefilled = sum(c.token_count for p in plans for c in p.prefills)
     n_prompt = len(prompt(eng, text))
     assert [a.publish_prompt for a in admits] == [True, False, False]
-    assert all(a.seed_handle for a in admits[1:])
+    assert all(a.lease_handle for a in admits[1:])
     assert prefilled < n_prompt + 2 * ex.desc.page  # once, plus each fork's partial page
     eng2, _ = make_engine(copy_shares_cells=False)
     eng2.add_request("a", prompt(eng2, text), params)

@@ -61,9 +61,8 @@ def adopt_choices(engine: Engine, choices: list[HandedChoice], prompt: list[int]
             tokens, payload = c.prefix
             if history[: len(tokens)] == list(tokens):
                 try:
-                    lease = engine.ex.adopt(list(tokens), payload, HANDOVER_TTL_TICKS,
-                                            engine.config.scheduler.determinism_class)
-                    leased = (lease.handle, lease.prefix_len)
+                    leased = engine.ex.adopt(list(tokens), payload, HANDOVER_TTL_TICKS,
+                                             engine.config.scheduler.determinism_class)
                 except Exception:
                     leased = None
         starts.append(ChoiceStart(c.index, c.rng_base, tuple(c.token_ids), leased))

@@ -30,7 +30,7 @@ class _ClusterCollector:
         up = GaugeMetricFamily("superfluid_cluster_replica_up", "1 while the replica takes requests", labels=["replica"])
         running = GaugeMetricFamily("superfluid_running_requests", "Requests holding a lane", labels=["replica"])
         waiting = GaugeMetricFamily("superfluid_queue_length", "Requests waiting to run", labels=["replica"])
-        hits = CounterMetricFamily("superfluid_prefix_cache_hit_tokens", "Tokens seeds covered over every admission",
+        hits = CounterMetricFamily("superfluid_prefix_cache_hit_tokens", "Prompt tokens prefix-cache leases covered, over every admission",
                                    labels=["replica"])
         for name, slot in c.slots.items():
             for kind in KINDS:

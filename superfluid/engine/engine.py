@@ -24,7 +24,7 @@ from .config import EngineConfig
 from .lifecycle import LIVE
 from .outputs import Delta, Outbox
 from .params import ParamError, SamplingParams
-from .handles import RequestHandles, LeasedPrefix
+from .handles import RequestHandles
 from .request import ChoiceStart, FinishReason, Request, rng_base
 from .scheduler import Scheduler
 
@@ -121,9 +121,8 @@ class Engine:
         reqs: list[Request] = []
         try:
             for c in choices:
-                adopted = LeasedPrefix(*c.lease) if c.lease is not None else None
                 # One set per choice: a plan may name a grammar handle once.
-                handles = RequestHandles.acquire(self.ex, params, adopted, wait=wait_grammar, rules=rules)
+                handles = RequestHandles.acquire(self.ex, params, c.lease, wait=wait_grammar, rules=rules)
                 reqs.append(Request(
                     request_id=f"{request_id}-{c.index}",
                     prompt_token_ids=list(map(int, prompt_token_ids)),

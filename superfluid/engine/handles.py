@@ -18,25 +18,16 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..abi import Lease
 from .params import ParamError, SamplingParams
 from .token_rules import RulesSpec
-
-
-@dataclass(frozen=True)
-class LeasedPrefix:
-    """A lease on a cache entry (or an adopted sequence) for a prompt's first ``prefix_len`` tokens."""
-
-    handle: int
-    prefix_len: int
 
 
 class RequestHandles:
     """One request's handles (0 / None: not held). An empty one holds nothing and has no
     executor: the state of a request made outside an engine, e.g. in a test."""
 
-    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: LeasedPrefix | None = None,
+    def __init__(self, executor=None, params: SamplingParams | None = None, adopted: Lease | None = None,
                  wait: bool = True, rules: RulesSpec | None = None):
         self._ex = executor
         self._params = params
@@ -49,7 +40,7 @@ class RequestHandles:
         self.grammar_pending = False  # the grammar compiles: the request may not be admitted yet
 
     @classmethod
-    def acquire(cls, executor, params: SamplingParams, adopted: LeasedPrefix | None = None,
+    def acquire(cls, executor, params: SamplingParams, adopted: Lease | None = None,
                 wait: bool = True, rules: RulesSpec | None = None) -> RequestHandles:
         """Take the handles ``params`` asks for (and own ``adopted``). All or none: on a
         failure (ParamError for a grammar that does not compile) what was taken goes back.
@@ -76,7 +67,7 @@ class RequestHandles:
         return self._grammar
 
     @property
-    def adopted(self) -> LeasedPrefix | None:
+    def adopted(self) -> Lease | None:
         return self._adopted
 
     def adopted_taken(self) -> None:

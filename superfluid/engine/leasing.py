@@ -10,8 +10,8 @@ handed-over lane's KV) stays with its request until an admit takes it.
 
 from __future__ import annotations
 
+from .. import abi
 from .config import SchedulerConfig
-from .handles import LeasedPrefix
 from .request import Request
 
 
@@ -19,10 +19,10 @@ class StepLeases:
     def __init__(self, executor, config: SchedulerConfig, batch_invariant: bool, waiting: list[Request]):
         self.ex, self.config, self.batch_invariant = executor, config, batch_invariant
         self._waiting = waiting  # the queue, read at the end: adopted leases stay with who waits
-        self._leases: dict[int, LeasedPrefix | None] = {}  # id(request) -> its lease this step
+        self._leases: dict[int, abi.Lease | None] = {}  # id(request) -> its lease this step
         self.used: set[int] = set()  # lease handles the accepted tick's admits consumed
 
-    def __call__(self, req: Request) -> LeasedPrefix | None:
+    def __call__(self, req: Request) -> abi.Lease | None:
         """The prefix ``req`` may start from (None: it prefills from the start)."""
         if req.params.prompt_logprobs is not None:
             return None  # every prompt token is scored from a row of its own prefill
@@ -39,7 +39,7 @@ class StepLeases:
                 req.history, ttl_ticks=self.config.lease_ttl_ticks, determinism_class=self.config.determinism_class,
                 cache_key=req.cache_key,
             )
-            self._leases[id(req)] = LeasedPrefix(got.handle, got.prefix_len) if got and got.prefix_len > 0 else None
+            self._leases[id(req)] = got if got and got.prefix_len > 0 else None
         return self._leases[id(req)]
 
     def consumed(self, admissions) -> None:

@@ -16,7 +16,6 @@ from typing import Callable
 from .. import abi
 from ..pages import cells_added, cells_for
 from .config import SchedulerConfig
-from .handles import LeasedPrefix
 from .priority import PriorityPolicy
 from .lifecycle import LIVE, QUEUED, RETIRES
 from .request import Request, next_lane_tag
@@ -42,7 +41,7 @@ class Limits:
 class Admission:
     request: Request
     lane_tag: int
-    lease: LeasedPrefix | None
+    lease: abi.Lease | None
     prefill_end: int
     replay: int
 
@@ -126,7 +125,7 @@ class Planner:
         self,
         view: SchedulerView,
         limits: Limits,
-        lease: Callable[[Request], LeasedPrefix | None],
+        lease: Callable[[Request], abi.Lease | None],
         write_prompt: Callable[[list[int]], abi.RingRef],
     ) -> ScheduledTick:
         """Retires, then the running lanes' chunks and one decode round each (reserved
@@ -252,7 +251,7 @@ class Planner:
         return cells_for(copied, self.desc.page) + cells_added(prefix, add, self.desc.page)
 
     def _admit(
-        self, req: Request, leased: LeasedPrefix | None, prefill_end: int, take: int, publish: bool, write_prompt,
+        self, req: Request, leased: abi.Lease | None, prefill_end: int, take: int, publish: bool, write_prompt,
         draft: _Draft, tick: ScheduledTick,
     ) -> None:
         """A new lane for ``req``: its admit, its first prefill chunk, a place among the
@@ -277,7 +276,7 @@ class Planner:
                 grammar_replay=replay if req.handles.grammar else 0,
                 logit_bias_handle=req.handles.logit_bias,
                 token_rules_handle=req.handles.token_rules,
-                seed_handle=leased.handle if leased else 0,
+                lease_handle=leased.handle if leased else 0,
                 determinism_class=self.config.determinism_class,
                 want_logprobs=p.want_logprobs(),
                 want_prompt_logprobs=p.want_prompt_logprobs(),

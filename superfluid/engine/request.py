@@ -8,7 +8,7 @@ Invariants:
   (after preemption or an OOM fault) sends all of it as the lane's prompt with
   ``decode_replay = len(output_token_ids)`` and the same ``rng_base``, so the lane
   continues with exactly the tokens it would have produced.
-- ``prefilled`` counts the history tokens the *current* lane holds (a seed's
+- ``prefilled`` counts the history tokens the *current* lane holds (a lease's
   prefix counts); it only moves when an executor event says so.
 - Handles (logit bias, grammar, an adopted lease) belong to the request's
   ``RequestHandles`` (handles.py), taken when it is submitted and released when its
@@ -58,12 +58,12 @@ class ChoiceStart:
     tokens. One moved from another replica (lost or drained there): the tokens it
     generated there, which this engine decode-replays with the same rng base so that it
     continues with the text it would have had, and optionally ``lease``, the
-    (lease handle, prefix length) of an adopted sequence that already holds their KV."""
+    lease of an adopted sequence that already holds their KV."""
 
     index: int
     rng_base: int
     token_ids: tuple[int, ...] = ()
-    lease: tuple[int, int] | None = None  # (handle, prefix_len) of an adopted sequence's lease
+    lease: abi.Lease | None = None  # an adopted sequence's lease
 
 
 _tags = itertools.count(1)
@@ -98,7 +98,7 @@ class Request:
     replay_pending: bool = False  # a re-admitted lane has not emitted yet
 
     # accounting
-    cached_tokens: int = 0  # prompt tokens a seed covered at the first admission
+    cached_tokens: int = 0  # prompt tokens a lease covered at the first admission
     num_preemptions: int = 0
     num_oom_retries: int = 0
     admitted_once: bool = False

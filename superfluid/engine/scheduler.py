@@ -182,7 +182,7 @@ class Scheduler:
             self.stats.replans += 1
             if out.status == abi.Status.NEEDS_REPLAN:
                 limits = self._relieve(tick, limits)
-            elif out.status == abi.Status.REJECT_STALE_SEED:
+            elif out.status == abi.Status.REJECT_STALE_LEASE:
                 limits.use_leases = False
             else:
                 raise SchedulerError(f"the executor rejected plan {tick.plan.plan_seq}: {abi.Status(out.status).name}")

@@ -10,8 +10,8 @@
     sampling.py, grammar.py, speculate.py   row processing, grammars, prompt-lookup drafts
 """
 
-from .executor import Executor, Lease
+from .executor import Executor
 from .pool import ExecutorConfig
 from .speculate import SpecConfig
 
-__all__ = ["Executor", "ExecutorConfig", "Lease", "SpecConfig"]
+__all__ = ["Executor", "ExecutorConfig", "SpecConfig"]

@@ -17,7 +17,7 @@ from ..runtimes.base import Capacity, Fatal, Feed, PrimError
 from .context import TickContext
 from .faults import admit_fault, fatal_tick, lane_fault_code, new_seq
 from .lane import Lane
-from .leases import Lease
+from .leases import HeldLease
 from .speculate import LaneSpec
 from .tick_state import TickState
 
@@ -26,9 +26,9 @@ def take_over(c: TickContext, st: TickState, handles: set[int]) -> set[int]:
     """Entries that admits take whole: they leave the cache, cut to the lease."""
     done = set()
     for a in st.plan.admits:
-        if a.seed_handle not in handles:
+        if a.lease_handle not in handles:
             continue
-        lease = c.leases.live[a.seed_handle]
+        lease = c.leases.live[a.lease_handle]
         n = len(lease.prefix)
         keep = n - 1 if n == len(st.chk.prompts[a.lane_tag]) else n
         e = c.pool.cache.remove(lease.entry_id)
@@ -40,7 +40,7 @@ def take_over(c: TickContext, st: TickState, handles: set[int]) -> set[int]:
                 c.prim.seq_free(e.seq)
                 raise fatal_tick(c, "a take-over's truncate") from None
         st.evicted(a.lane_tag, e.bytes, len(e.tokens))
-        done.add(a.seed_handle)
+        done.add(a.lease_handle)
         # the lease is consumed by the admit; it no longer pins anything
         lease.entry_id, lease.taken_seq = 0, e.seq
     return done
@@ -49,8 +49,8 @@ def take_over(c: TickContext, st: TickState, handles: set[int]) -> set[int]:
 def admit(c: TickContext, st: TickState, a: LaneAdmit, taken: set[int]) -> None:
     c.faulted.discard(a.lane_tag)
     prompt = st.chk.prompts[a.lane_tag]
-    if a.seed_handle:
-        lease = c.leases.consume(a.seed_handle)
+    if a.lease_handle:
+        lease = c.leases.consume(a.lease_handle)
         full = len(lease.prefix) == len(prompt)
         seq = _leased_seq(c, st, a, lease, taken, full)
         if seq is None:
@@ -83,7 +83,7 @@ class _Start:
         self.seq, self.prefilled, self.committed, self.pending = seq, prefilled, committed, pending
 
 
-def _leased_seq(c: TickContext, st: TickState, a: LaneAdmit, lease: Lease, taken: set[int], full: bool) -> int | None:
+def _leased_seq(c: TickContext, st: TickState, a: LaneAdmit, lease: HeldLease, taken: set[int], full: bool) -> int | None:
     n = len(lease.prefix)
     if lease.adopted is not None:
         seq = lease.adopted
@@ -94,7 +94,7 @@ def _leased_seq(c: TickContext, st: TickState, a: LaneAdmit, lease: Lease, taken
                 c.prim.seq_free(seq)
                 raise fatal_tick(c, "an adopted sequence's truncate") from None
         return seq
-    if a.seed_handle in taken:
+    if a.lease_handle in taken:
         return lease.taken_seq
     return _lease_copy(c, st, a, lease, n - 1 if full else n)
 

@@ -32,16 +32,16 @@ class _Leased:
 
     def __init__(self, c: TickContext, plan: TickPlan, chk: Checked):
         self.c, self.chk = c, chk
-        self.admits = [a for a in plan.admits if a.seed_handle]
+        self.admits = [a for a in plan.admits if a.lease_handle]
 
     def keep(self, a: LaneAdmit) -> int:
         """Tokens the lane starts with: the lease's prefix, less the held-back last
         prompt token when it covers the whole prompt."""
-        n = len(self.c.leases.live[a.seed_handle].prefix)
+        n = len(self.c.leases.live[a.lease_handle].prefix)
         return n - 1 if n == len(self.chk.prompts[a.lane_tag]) else n
 
     def entry(self, a: LaneAdmit) -> CacheEntry | None:
-        lease = self.c.leases.live[a.seed_handle]
+        lease = self.c.leases.live[a.lease_handle]
         return None if lease.adopted is not None else self.c.pool.cache.get(lease.entry_id)
 
     def takeover(self, a: LaneAdmit) -> int | None:
@@ -70,14 +70,14 @@ def check_capacity(c: TickContext, plan: TickPlan, chk: Checked) -> Fit:
     if victims is None:
         relief = more = 0
         for a in leased.admits:
-            if a.seed_handle in fit.taken_over:
+            if a.lease_handle in fit.taken_over:
                 continue
             back = leased.takeover(a)
             if back is None:
                 continue
             relief += leased.keep(a) + back
             more += 1
-            fit.taken_over.add(a.seed_handle)
+            fit.taken_over.add(a.lease_handle)
         if more == 0:
             raise Reject(Status.NEEDS_REPLAN)
         victims = room.victims(max(needed - relief, 0), max(short_slots - more, 0))
@@ -100,7 +100,7 @@ def _preferred_takeovers(c: TickContext, leased: _Leased, fit: Fit, page: int) -
             continue
         back = leased.takeover(a)
         if back is not None and back <= leased.keep(a):
-            fit.taken_over.add(a.seed_handle)
+            fit.taken_over.add(a.lease_handle)
             cut_back += back
     return cut_back
 
@@ -115,7 +115,7 @@ def _cells_needed(c: TickContext, leased: _Leased, fit: Fit, page: int) -> int:
     copies = import_excess = 0
     for a in leased.admits:
         e = leased.entry(a)
-        if e is None or a.seed_handle in fit.taken_over:
+        if e is None or a.lease_handle in fit.taken_over:
             continue
         keep = leased.keep(a)
         if e.seq is None:
@@ -132,7 +132,7 @@ def _cells_needed(c: TickContext, leased: _Leased, fit: Fit, page: int) -> int:
         a = chk.admits.get(tag)
         if tag in chk.held:
             h = chk.held[tag]
-        elif a is not None and a.seed_handle:
+        elif a is not None and a.lease_handle:
             h = leased.keep(a)
         else:
             h = 0
@@ -150,8 +150,8 @@ def _short_slots(c: TickContext, plan: TickPlan, fit: Fit, retired: int) -> int:
     needed = sum(
         1
         for a in plan.admits
-        if not a.seed_handle
-        or (c.leases.live[a.seed_handle].adopted is None and a.seed_handle not in fit.taken_over)
+        if not a.lease_handle
+        or (c.leases.live[a.lease_handle].adopted is None and a.lease_handle not in fit.taken_over)
     )
     free = max(c.desc.max_seqs + retired - c.live_sequences(), 0)
     return max(needed - free, 0)

@@ -13,13 +13,13 @@ import os
 import sys
 import numpy as np
 
-from ..abi import CacheClassBytes, FaultCode, OpCompletion, OpKind, PartialEmitCallback, Status, TickOutcome, TickPlan
+from ..abi import CacheClassBytes, FaultCode, Lease, OpCompletion, OpKind, PartialEmitCallback, Status, TickOutcome, TickPlan
 from ..rings import Rings
 from ..runtimes.base import RuntimePrimitives
 from .cache import PrefixCache
 from .context import TickContext
 from .lane import Lane
-from .leases import Lease
+from .leases import HeldLease
 from .pool import ExecutorConfig
 from .speculate import SpecConfig, SpecGate
 from .token_rules import TokenRules
@@ -27,7 +27,7 @@ from .tick import run_tick
 
 FATAL_EXIT_STATUS = 70
 
-__all__ = ["Executor", "ExecutorConfig", "FATAL_EXIT_STATUS", "Lease", "fatal_exits"]
+__all__ = ["Executor", "ExecutorConfig", "FATAL_EXIT_STATUS", "fatal_exits"]
 
 
 def fatal_exits() -> bool:
@@ -73,7 +73,7 @@ class Executor:
         return self.ctx.pool.cache
 
     @property
-    def leases(self) -> dict[int, Lease]:
+    def leases(self) -> dict[int, HeldLease]:
         return self.ctx.leases.live
 
     @property
@@ -106,8 +106,9 @@ class Executor:
         """Pin the cache entry sharing the longest prefix with the prompt until
         tick_count + ttl (leases.py says which prefix)."""
         c = self.ctx
-        return c.leases.lease(prompt, c.pool.page, self.desc.exact_only, c.tick_count + ttl_ticks,
+        held = c.leases.lease(prompt, c.pool.page, self.desc.exact_only, c.tick_count + ttl_ticks,
                               determinism_class, cache_key, c.done_ops)
+        return None if held is None else Lease(held.handle, held.prefix_len)
 
     def release_lease(self, handle: int) -> None:
         self.ctx.leases.release(handle)
@@ -116,7 +117,8 @@ class Executor:
         """Bring in a sequence from elsewhere (an export) as a bare sequence, leased for
         the admit whose prompt starts with ``tokens``."""
         c = self.ctx
-        return c.leases.adopt(tokens, payload, c.tick_count + ttl_ticks, determinism_class, c.done_ops)
+        held = c.leases.adopt(tokens, payload, c.tick_count + ttl_ticks, determinism_class, c.done_ops)
+        return Lease(held.handle, held.prefix_len)
 
     def register_logit_bias(self, bias: dict[int, float]) -> int:
         ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))

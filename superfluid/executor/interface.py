@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Protocol, runtime_checkable
 
-from ..abi import FaultCode, PartialEmitCallback, TickOutcome, TickPlan
+from ..abi import FaultCode, Lease, PartialEmitCallback, TickOutcome, TickPlan
 from ..runtimes.base import RuntimeDesc
 from .speculate import SpecConfig
 
@@ -26,17 +26,6 @@ from .speculate import SpecConfig
 class ExecutorLost(Exception):
     """The executor's process is gone (died, exited, stopped beating or progressing).
     ``Supervised.restart`` gives a clean one; every handle of the old one is gone."""
-
-
-class Lease(Protocol):
-    """A lease as the engine sees it: the handle an admit names, and how many
-    prompt tokens the leased state holds."""
-
-    @property
-    def handle(self) -> int: ...
-
-    @property
-    def prefix_len(self) -> int: ...
 
 
 @runtime_checkable

@@ -1,6 +1,7 @@
 """Leases: handles that pin a cached prefix (or hold an adopted sequence) for one admit.
 
-The ABI calls a lease a "seed" (``seed_handle``); our code calls it a lease.
+(The reference ABI, superfluid-executor 0.1.4, calls a lease a "seed": ``seed_handle``,
+``RejectStaleSeed``; ours says lease everywhere: ``lease_handle``, ``REJECT_STALE_LEASE``.)
 Invariants:
 - A lease on a cache entry holds one of its ``pins`` until the lease is consumed by an
   admit, released, or expires (``expires_at_tick`` < tick count).
@@ -19,7 +20,9 @@ from .cache import PrefixCache
 
 
 @dataclass
-class Lease:
+class HeldLease:
+    """What the executor keeps of a lease it gave out (``abi.Lease`` is what it hands out)."""
+
     handle: int
     entry_id: int  # the cache entry it pins (0 when adopted)
     prefix: list[int]
@@ -38,11 +41,11 @@ class Leases:
         self.prim = prim
         self.cache = cache
         self.handles = handles  # shared with logit biases: one handle space per executor
-        self.live: dict[int, Lease] = {}
+        self.live: dict[int, HeldLease] = {}
         self.bare: set[int] = set()  # adopted sequences awaiting their admit
 
     def lease(self, prompt: list[int], page: int, exact_only: bool, expires_at_tick: int,
-              determinism: int, cache_key: int, done_ops: list[OpCompletion]) -> Lease | None:
+              determinism: int, cache_key: int, done_ops: list[OpCompletion]) -> HeldLease | None:
         """Pin the entry sharing the longest prefix with the prompt (whole pages; exact and
         shorter than the prompt on a recurrent runtime); a keyed prompt looks among its
         key's entries first."""
@@ -51,13 +54,13 @@ class Leases:
             return None
         e, n = found
         e.pins += 1
-        lease = Lease(next(self.handles), e.entry_id, list(prompt[:n]), expires_at_tick, determinism)
+        lease = HeldLease(next(self.handles), e.entry_id, list(prompt[:n]), expires_at_tick, determinism)
         self.live[lease.handle] = lease
         done_ops.append(OpCompletion(OpKind.LEASE, lease.handle, 0, n))
         return lease
 
     def adopt(self, tokens: list[int], payload: object, expires_at_tick: int, determinism: int,
-              done_ops: list[OpCompletion]) -> Lease:
+              done_ops: list[OpCompletion]) -> HeldLease:
         """A sequence from elsewhere (an export) becomes a bare sequence, leased for the
         admit whose prompt starts with ``tokens``."""
         seq = self.prim.seq_create()
@@ -70,7 +73,7 @@ class Leases:
             self.prim.seq_free(seq)
             raise ValueError(f"the payload holds {n} tokens, not {len(tokens)}")
         self.bare.add(seq)
-        lease = Lease(next(self.handles), 0, list(tokens), expires_at_tick, determinism, adopted=seq)
+        lease = HeldLease(next(self.handles), 0, list(tokens), expires_at_tick, determinism, adopted=seq)
         self.live[lease.handle] = lease
         done_ops.append(OpCompletion(OpKind.ADOPT, lease.handle, 0, n))
         return lease
@@ -93,7 +96,7 @@ class Leases:
             if lease.expires_at_tick < tick_count:
                 self.release(h)
 
-    def consume(self, handle: int) -> Lease:
+    def consume(self, handle: int) -> HeldLease:
         """The admit naming this lease takes it; it leaves the table (its pin is the
         admit's to give back)."""
         lease = self.live.pop(handle)

@@ -110,7 +110,7 @@ def _check_admits(c: TickContext, plan: TickPlan, chk: Checked) -> None:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
         if a.token_rules_handle != 0 and a.token_rules_handle not in c.rules:
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
-        if a.seed_handle != 0:
+        if a.lease_handle != 0:
             _check_lease(c, a, prompt, seen_leases)
         if len(prompt) > desc.max_seq_len:
             raise Reject(Status.REJECT_BUDGET)
@@ -119,23 +119,23 @@ def _check_admits(c: TickContext, plan: TickPlan, chk: Checked) -> None:
 
 
 def _check_lease(c: TickContext, a: LaneAdmit, prompt: list[int], seen: set[int]) -> None:
-    if a.seed_handle in seen:
-        raise Reject(Status.REJECT_STALE_SEED)
-    seen.add(a.seed_handle)
-    lease = c.leases.live.get(a.seed_handle)
+    if a.lease_handle in seen:
+        raise Reject(Status.REJECT_STALE_LEASE)
+    seen.add(a.lease_handle)
+    lease = c.leases.live.get(a.lease_handle)
     if lease is None or lease.expires_at_tick < c.tick_count or lease.determinism != a.determinism_class:
-        raise Reject(Status.REJECT_STALE_SEED)
+        raise Reject(Status.REJECT_STALE_LEASE)
     n = len(lease.prefix)
     if len(prompt) < n or prompt[:n] != lease.prefix:
-        raise Reject(Status.REJECT_STALE_SEED)
+        raise Reject(Status.REJECT_STALE_LEASE)
     if lease.adopted is not None:
         if lease.adopted not in c.leases.bare:
-            raise Reject(Status.REJECT_STALE_SEED)
+            raise Reject(Status.REJECT_STALE_LEASE)
         if n == len(prompt) and c.desc.exact_only:
             # the state cannot give back the prompt's last token for the first decode
             raise Reject(Status.REJECT_ILLEGAL_COMBINATION)
     elif c.pool.cache.get(lease.entry_id) is None:
-        raise Reject(Status.REJECT_STALE_SEED)
+        raise Reject(Status.REJECT_STALE_LEASE)
 
 
 def _check_commits(c: TickContext, plan: TickPlan) -> None:
@@ -160,7 +160,7 @@ def _check_commits(c: TickContext, plan: TickPlan) -> None:
 
 
 def _leased(c: TickContext, a: LaneAdmit) -> int:
-    return len(c.leases.live[a.seed_handle].prefix) if a.seed_handle else 0
+    return len(c.leases.live[a.lease_handle].prefix) if a.lease_handle else 0
 
 
 def _check_prefills(c: TickContext, plan: TickPlan, chk: Checked) -> dict[int, int]:

@@ -68,7 +68,7 @@ class RuntimeDesc:
     exact_only: bool = False  # recurrent state: no partial truncate, exact-prefix cache
     truncate_partial: bool = True  # seq_truncate works at any length
     copy_shares_cells: bool = False  # seq_copy costs no new cells (block refcounts)
-    takeover_preferred: bool = False  # a seed may take a cache entry over instead of copying
+    takeover_preferred: bool = False  # a lease may take a cache entry over instead of copying
     engine_sampling: bool = False  # step_sampled samples inside the runtime
     engine_draws: bool = False  # ... including temperature draws, not only greedy
     verify_batches: bool = True  # step_rows may carry several drafting lanes at once

@@ -77,7 +77,7 @@ class _SchedulerCollector:
         yield GaugeMetricFamily("superfluid_running_requests", "Requests holding a lane", value=s.num_running)
         yield GaugeMetricFamily("superfluid_kv_cache_usage_ratio", "Share of the KV pool in use", value=st.kv_usage)
         yield CounterMetricFamily(
-            "superfluid_prefix_cache_hit_tokens", "Tokens seeds covered over every admission", value=st.prefix_hit_tokens
+            "superfluid_prefix_cache_hit_tokens", "Prompt tokens prefix-cache leases covered, over every admission", value=st.prefix_hit_tokens
         )
         yield CounterMetricFamily("superfluid_preemptions", "Lanes preempted for memory", value=st.preemptions)
         yield CounterMetricFamily("superfluid_ticks", "Ticks run", value=st.ticks)

@@ -30,10 +30,10 @@ from ..executor.interface import ExecutorInterface, Supervised
 from ..runtimes.base import RuntimeDesc
 from . import ops, wire
 from .errors import ErrorKind, Failed, OperationFailed, WorkerFailed, WorkerLost, exception
-from .ops import LeaseHandle, WorkerControl
+from .ops import WorkerControl
 from .shm_rings import Pulse, SharedRings
 
-__all__ = ["OperationFailed", "LeaseHandle", "WorkerClient", "WorkerConfig", "WorkerFailed", "WorkerLost"]
+__all__ = ["OperationFailed", "WorkerClient", "WorkerConfig", "WorkerFailed", "WorkerLost"]
 
 POLL_SECS = 0.05
 FAIL_ENV = "SUPERFLUID_FAIL_RUNTIME"  # read by the worker (main.py); first start only

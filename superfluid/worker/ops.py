@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 
 import msgspec
 
+from ..abi import Lease
 from ..executor.interface import ExecutorInterface
 from ..runtimes.base import RuntimeDesc
 from . import payload
@@ -38,13 +39,6 @@ class WorkerControl(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """Counters of the executor and its runtime."""
-
-
-class LeaseHandle(msgspec.Struct, frozen=True, array_like=True):
-    """A lease on the engine's side (``interface.Lease``)."""
-
-    handle: int
-    prefix_len: int
 
 
 def _same(x: Any) -> Any:
@@ -89,9 +83,9 @@ def _exported(got: tuple[list[int], Any] | None) -> tuple[list[int], Any] | None
 
 _EX, _W = ExecutorInterface, WorkerControl
 OPS: tuple[Op, ...] = (
-    _op(_EX, "lease_prefix", LeaseHandle | None),
+    _op(_EX, "lease_prefix", Lease | None),
     _op(_EX, "release_lease", None),
-    _op(_EX, "adopt", LeaseHandle, decode_args=_adopt_args),
+    _op(_EX, "adopt", Lease, decode_args=_adopt_args),
     _op(_EX, "register_logit_bias", int),
     _op(_EX, "release_logit_bias", None),
     _op(_EX, "register_token_rules", int),
