@@ -1,10 +1,10 @@
-"""A Responses request -> the chat request it means, and the prefix lease of its conversation.
+"""A Responses request -> the chat request it means, and the prompt cache key of its conversation.
 
 The chat request is what a client would send for the same turn with the whole history
 (items.py): the chat endpoint's own code then renders the template, plans the tools, builds
 the sampling params and tokenizes (``chat.tokenized``), so both endpoints give one prompt.
 
-The lease: a stored conversation names ``prompt_cache_key`` "conv-<id of its first
+The cache key: a stored conversation names ``prompt_cache_key`` "conv-<id of its first
 response>" (or the client's own key) with ``prompt_cache_retention`` "24h", unless the
 client names others. Every turn's lane publishes its KV under that key, so the entries are
 protected within the cache's quota, exported to host memory first under pressure and
@@ -25,12 +25,12 @@ CONVERSATION_RETENTION = "24h"
 
 
 @dataclass(frozen=True)
-class Lease:
+class CacheKey:
     key: str | None
     retention: str | None
 
     @classmethod
-    def of(cls, body: ResponsesRequest, rid: str, previous: dict | None) -> "Lease":
+    def of(cls, body: ResponsesRequest, rid: str, previous: dict | None) -> "CacheKey":
         if previous is not None:
             key = body.prompt_cache_key or previous["conversation"]
             return cls(key, body.prompt_cache_retention or previous["retention"])
@@ -39,7 +39,7 @@ class Lease:
         return cls(body.prompt_cache_key, body.prompt_cache_retention)
 
 
-def chat_request(body: ResponsesRequest, history: list[dict], lease: Lease) -> ChatCompletionRequest:
+def chat_request(body: ResponsesRequest, history: list[dict], cache: CacheKey) -> ChatCompletionRequest:
     """The chat request of this turn: instructions, the history and this turn's items."""
     fields = dict(
         model=body.model,
@@ -57,8 +57,8 @@ def chat_request(body: ResponsesRequest, history: list[dict], lease: Lease) -> C
         ignore_eos=body.ignore_eos,
         priority=body.priority,
         timeout=body.timeout,
-        prompt_cache_key=lease.key,
-        prompt_cache_retention=lease.retention,
+        prompt_cache_key=cache.key,
+        prompt_cache_retention=cache.retention,
         parallel_tool_calls=body.parallel_tool_calls,
         tools=_tools(body),
         tool_choice=_tool_choice(body),

@@ -4,7 +4,7 @@ read one back, delete one.
 Creating: the previous response (if named) is read from the store; its conversation's
 items plus this turn's become the chat request of the turn (request.py), which the chat
 endpoint's own code renders, tokenizes and checks; the prompt is submitted under the
-conversation's lease; the response is built from the deltas (stream.py) and stored at its
+conversation's cache key; the response is built from the deltas (stream.py) and stored at its
 end. A response in flight is ``live`` (a GET shows its progress) until it is stored.
 
 Disconnects: a streamed response with ``store: true`` runs to its end without a reader and
@@ -32,7 +32,7 @@ from . import items as item_codec
 from . import stream
 from .build import ResponseBuild
 from .models import ResponsesRequest
-from .request import Lease, chat_request, text_config
+from .request import CacheKey, chat_request, text_config
 from .store import ResponseStore
 
 PATH = "/v1/responses"
@@ -69,18 +69,18 @@ class Responses:
     async def _turn(self, body: ResponsesRequest, rid: str, previous: dict | None) -> stream.Turn:
         with invalid_params():
             history = (previous["items"] if previous else []) + item_codec.canonical(body.input)
-            lease = Lease.of(body, rid, previous)
+            cache = CacheKey.of(body, rid, previous)
             try:
-                chat = chat_request(body, history, lease)
+                chat = chat_request(body, history, cache)
             except pydantic.ValidationError as e:
                 raise APIError(400, f"the conversation is not a valid chat: {e.errors()[0].get('msg')}", "input",
                                "invalid_value") from None
         ids, plan, params = await run_in_threadpool(tokenized, chat, self.serving)
-        streams = await self.serving.submit(rid, [ids], params, lease.key)
+        streams = await self.serving.submit(rid, [ids], params, cache.key)
         reply = Reply(rid, int(time.time()), self.serving.name, streams, 1,
                       deadline_s(body.timeout, self.serving.request_timeout))
-        build = ResponseBuild(_head(body, rid, reply.created, self.serving.name, lease), plan, reply.seconds)
-        return stream.Turn(build, reply, ids, history, lambda t, done: self._end(t, done, lease))
+        build = ResponseBuild(_head(body, rid, reply.created, self.serving.name, cache), plan, reply.seconds)
+        return stream.Turn(build, reply, ids, history, lambda t, done: self._end(t, done, cache))
 
     async def _previous(self, rid: str | None) -> dict | None:
         if rid is None:
@@ -94,14 +94,14 @@ class Responses:
         raise APIError(404, f"Previous response with id '{rid}' not found.", "previous_response_id",
                        "previous_response_not_found")
 
-    async def _end(self, turn: stream.Turn, done: bool, lease: Lease) -> None:
+    async def _end(self, turn: stream.Turn, done: bool, cache: CacheKey) -> None:
         rid = turn.build.id
         try:
             if done and self._stored.get(rid):
                 obj = turn.build.snapshot()
                 items = turn.history + obj["output"]
-                await asyncio.to_thread(self.store.put, obj, items, turn.prompt_ids + turn.output_ids, lease.key,
-                                        lease.retention)
+                await asyncio.to_thread(self.store.put, obj, items, turn.prompt_ids + turn.output_ids, cache.key,
+                                        cache.retention)
         finally:
             self.live.pop(rid, None)
             self._stored.pop(rid, None)
@@ -132,7 +132,7 @@ class Responses:
         raise APIError(404, f"Response with id '{rid}' not found.", "response_id", "not_found")
 
 
-def _head(body: ResponsesRequest, rid: str, created: int, model: str, lease: Lease) -> dict:
+def _head(body: ResponsesRequest, rid: str, created: int, model: str, cache: CacheKey) -> dict:
     return {
         "id": rid, "object": "response", "created_at": created, "background": body.background,
         "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": model,
@@ -141,8 +141,8 @@ def _head(body: ResponsesRequest, rid: str, created: int, model: str, lease: Lea
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "tool_choice": _choice(body.tool_choice), "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
         "text": text_config(body), "truncation": body.truncation or "disabled", "metadata": body.metadata or {},
-        "store": body.store, "user": body.user, "prompt_cache_key": lease.key,
-        "prompt_cache_retention": lease.retention, "reasoning": {"effort": None, "summary": None},
+        "store": body.store, "user": body.user, "prompt_cache_key": cache.key,
+        "prompt_cache_retention": cache.retention, "reasoning": {"effort": None, "summary": None},
     }
 
 
