@@ -115,7 +115,7 @@ class AsyncEngine:
         expired = time.monotonic() >= deadline
         for rid in list(self._streams):
             if expired or not self.engine.is_running(rid):
-                self.engine.fail(rid, "the server is shutting down")
+                self.engine.fail(rid, "the server is shutting down", ErrorCode.SHUTTING_DOWN)
 
     @property
     def pid(self) -> int | None:

@@ -81,6 +81,7 @@ class ChoiceState:
             finish_reason=reason,
             stop_reason=self.output.stop_reason,
             error=req.error,
+            error_code=req.error_code,
             prompt_tokens=len(req.prompt_token_ids),
             completion_tokens=len(req.output_token_ids),
             cached_tokens=req.cached_tokens,

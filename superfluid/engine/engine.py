@@ -22,7 +22,7 @@ from . import cache_keys, token_rules
 from .choice import ChoiceState
 from .config import EngineConfig
 from .lifecycle import LIVE
-from .outputs import Delta, Outbox
+from .outputs import Delta, ErrorCode, Outbox
 from .params import ParamError, SamplingParams
 from .handles import RequestHandles
 from .request import ChoiceStart, FinishReason, Request, rng_base
@@ -185,7 +185,7 @@ class Engine:
         settled = []
         for rid in {r.group_id for r in pending}:
             if rid in failed:
-                self.fail(rid, str(failed[rid]))
+                self.fail(rid, str(failed[rid]), ErrorCode.INVALID_GRAMMAR)
                 settled.append((rid, failed[rid]))
             elif not self.grammar_pending(rid):
                 settled.append((rid, None))
@@ -233,10 +233,10 @@ class Engine:
         exited but is not yet replaced counts as restarting. Safe from any thread."""
         return self.supervisor.health()
 
-    def fail(self, request_id: str, message: str) -> None:
+    def fail(self, request_id: str, message: str, code: ErrorCode) -> None:
         """End a request's unfinished choices with an error (e.g. the server stops)."""
         for req in self._groups.get(request_id, []):
-            self.scheduler.end(req, FinishReason.ERROR, message)
+            self.scheduler.end(req, FinishReason.ERROR, message, code)
         self._settle()
 
     def is_running(self, request_id: str) -> bool:
@@ -291,7 +291,7 @@ class Engine:
             log.error("a step failed with no new request to blame (%r): replacing the worker", error)
             self._recover_or_fail(ExecutorLost(f"engine error: {error!r}"))
             return
-        self._fail_all(f"engine error: {error}")
+        self._fail_all(f"engine error: {error}", ErrorCode.ENGINE_ERROR)
         raise error
 
     def _text(self, req: Request, token: int, lp) -> bool:
@@ -335,12 +335,12 @@ class Engine:
             except Exception as e:
                 # restarts ran out, or the model no longer loads
                 log.error("the model worker cannot be restarted: %s", e)
-                self._fail_all(f"the model worker failed: {e}")
+                self._fail_all(f"the model worker failed: {e}", ErrorCode.WORKER_FAILED)
                 return
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, message: str, code: ErrorCode) -> None:
         for reqs in list(self._groups.values()):
             for req in reqs:
-                self.scheduler.end(req, FinishReason.ERROR, message)
+                self.scheduler.end(req, FinishReason.ERROR, message, code)
         self._settle()
 

@@ -252,7 +252,7 @@ def _apply(out: RequestOutput | None, d: Delta) -> bool:
         c.prompt_logprobs = out.prompt_logprobs = d.prompt_logprobs
     if d.finish_reason is None:
         return False
-    c.finish_reason, c.stop_reason, c.error = d.finish_reason, d.stop_reason, d.error
+    c.finish_reason, c.stop_reason, c.error, c.error_code = d.finish_reason, d.stop_reason, d.error, d.error_code
     out.num_cached_tokens = max(out.num_cached_tokens, d.cached_tokens)
     if all(o.finish_reason for o in out.outputs):
         out.finished = True

@@ -8,7 +8,24 @@ one choice gained since the last delta.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a choice ended with finish_reason "error", for code to act on (``error`` is
+    the text for people). The server maps each to its HTTP status (responder.py)."""
+
+    GRAMMAR_DEAD_END = "grammar_dead_end"  # the request's grammar admits no token here
+    INVALID_GRAMMAR = "invalid_grammar"  # its grammar did not compile
+    NO_FIT = "does_not_fit"  # it does not fit in the KV cache, even alone
+    CALLBACK_FAILED = "callback_failed"  # its own logits processor or sampler failed
+    LANE_FAULT = "lane_fault"  # its lane faulted in the runtime
+    BLAMED = "request_failed"  # a step that failed was blamed on it
+    ENGINE_ERROR = "engine_error"  # the engine failed every request it held
+    WORKER_FAILED = "worker_failed"  # the model worker could not be restarted
+    SHUTTING_DOWN = "shutting_down"
+    DEADLINE = "deadline_exceeded"  # past its wall-clock deadline (the server's)
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,7 @@ class CompletionOutput:
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or token id that matched
     error: str | None = None  # finish_reason "error": why (e.g. a logits processor raised)
+    error_code: ErrorCode | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -71,6 +89,7 @@ class Delta:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
+    error_code: ErrorCode | None = None
     # Usage figures, set on a choice's last delta.
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -30,6 +30,7 @@ from .. import abi
 from ..executor.sampling import splitmix64
 from .handles import RequestHandles
 from .lifecycle import ENDED, TAKES_TOKENS, Phase
+from .outputs import ErrorCode
 from .params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
@@ -89,6 +90,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_code: ErrorCode | None = None
 
     # the current lane
     lane_tag: int | None = None

@@ -26,6 +26,7 @@ from ..pages import cells_for
 from . import cache_keys
 from .config import SchedulerConfig
 from .lifecycle import LIVE, QUEUED, RETIRES, Phase, check
+from .outputs import ErrorCode
 from .planner import Admission, ScheduledTick
 from .priority import PriorityPolicy
 from .request import FinishReason, Request
@@ -65,6 +66,7 @@ class Ended:
     request: Request
     reason: FinishReason
     error: str | None = None
+    code: ErrorCode | None = None  # with an error: its code
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class RequestTable:
         if req.phase in QUEUED:
             self.waiting.remove(req)
         self._move(req, Phase.ENDING)
-        req.finish_reason, req.error = c.reason, c.error
+        req.finish_reason, req.error, req.error_code = c.reason, c.error, c.code
         self.ending.append(req)
 
     def _settled(self, c: Settled) -> list[Request]:
@@ -267,10 +269,10 @@ class RequestTable:
                 req.num_oom_retries += 1
                 self._requeue(req)
             elif f.code == abi.FaultCode.GRAMMAR_OVERFLOW:  # the request's own grammar, not the server
-                self._ended(Ended(req, FinishReason.ERROR, GRAMMAR_DEAD_END))
+                self._ended(Ended(req, FinishReason.ERROR, GRAMMAR_DEAD_END, ErrorCode.GRAMMAR_DEAD_END))
             else:
                 name = abi.FaultCode(f.code).name if f.code in abi.FaultCode._value2member_map_ else str(f.code)
-                self._ended(Ended(req, FinishReason.ERROR, f"the lane failed ({name})"))
+                self._ended(Ended(req, FinishReason.ERROR, f"the lane failed ({name})", ErrorCode.LANE_FAULT))
 
     def _count_admission(self, adm: Admission) -> None:
         req = adm.request

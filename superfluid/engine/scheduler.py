@@ -37,6 +37,7 @@ from .leasing import StepLeases
 from .planner import Limits, Planner, ScheduledTick, SchedulerView
 from .pool_estimate import PoolEstimate
 from .pressure import NO_FIT, relieve
+from .outputs import ErrorCode
 from .priority import PriorityPolicy
 from .request import FinishReason, Request
 from .request_table import Detached, Ended, LanesLost, Preempted, Queued, RequestTable, Settled, TickApplied, Withdrawn
@@ -78,10 +79,10 @@ class Scheduler:
         self.table.apply(Withdrawn(req))
         self.isolation.forget(req)
 
-    def end(self, req: Request, reason: FinishReason, error: str | None = None) -> None:
+    def end(self, req: Request, reason: FinishReason, error: str | None = None, code: ErrorCode | None = None) -> None:
         """A verdict from outside the token stream (an abort, a failure): the request
         takes no more tokens; its end settles with the next ``settle``."""
-        self.table.apply(Ended(req, reason, error))
+        self.table.apply(Ended(req, reason, error, code))
 
     def settle(self) -> list[Request]:
         """Between steps: the requests that ended finish (handles released, a live lane
@@ -94,7 +95,7 @@ class Scheduler:
         can be blamed (isolation.py)."""
         blamed = self.isolation.blame()
         for req in blamed or ():
-            self.end(req, FinishReason.ERROR, f"the request could not be run: {error!r}")
+            self.end(req, FinishReason.ERROR, f"the request could not be run: {error!r}", ErrorCode.BLAMED)
         return blamed
 
     def detach(self, req: Request) -> None:
@@ -250,7 +251,7 @@ class Scheduler:
         for req, tag, nonce, got in self.host.collect():
             if isinstance(got, BaseException):
                 message = str(got) if isinstance(got, HostPickError) else f"host sampling failed: {got!r}"
-                self.end(req, FinishReason.ERROR, message)
+                self.end(req, FinishReason.ERROR, message, ErrorCode.CALLBACK_FAILED)
                 continue
             lp = msgspec.structs.replace(got.logprob, lane_tag=tag) if got.logprob is not None else None
             self.stats.generation_tokens += 1
@@ -300,5 +301,5 @@ class Scheduler:
         if relief.preempt is not None:
             self.table.apply(Preempted(relief.preempt))
         if relief.fail is not None:
-            self.end(relief.fail, FinishReason.ERROR, NO_FIT)
+            self.end(relief.fail, FinishReason.ERROR, NO_FIT, ErrorCode.NO_FIT)
         return relief.limits

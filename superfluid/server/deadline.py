@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncIterator, Callable
 
-from ..engine.outputs import Delta
+from ..engine.outputs import Delta, ErrorCode
 
-DEADLINE_CODE = "deadline_exceeded"
+DEADLINE_CODE = ErrorCode.DEADLINE.value
 
 
 def deadline_s(requested: float | None, server_cap: float) -> float | None:
@@ -49,7 +49,8 @@ def with_deadline(merged: Callable, seconds: float | None) -> Callable:
             for s in streams:
                 s.abort()
             for idx in sorted(open_choices):
-                yield idx, Delta(request_id="", index=idx, finish_reason="error", error=message(seconds))
+                yield idx, Delta(request_id="", index=idx, finish_reason="error", error=message(seconds),
+                                 error_code=ErrorCode.DEADLINE)
         finally:
             await it.aclose()
 

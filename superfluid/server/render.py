@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..engine.outputs import Delta, TokenLogprobs
+from ..engine.outputs import Delta, ErrorCode, TokenLogprobs
+from .errors import APIError
 
 
 @dataclass
@@ -19,6 +20,7 @@ class Choice:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    error_code: ErrorCode | None = None
     prompt_logprobs: list | None = None
     logprobs_body: dict | None = None  # set when the body is not the tokens' own (echo)
 
@@ -30,7 +32,7 @@ class Choice:
         self.logprobs += d.logprobs
         if d.finish_reason is not None:
             self.finish_reason = d.finish_reason
-            self.error = d.error
+            self.error, self.error_code = d.error, d.error_code
 
 
 @dataclass
@@ -62,10 +64,25 @@ def finish_reason(reason: str | None) -> str | None:
     return {"error": "stop"}.get(reason, reason) if reason else None
 
 
+# A failed choice's HTTP status and the request field to blame, by its code; any other: 500.
+FAILURES: dict[ErrorCode, tuple[int, str | None]] = {
+    ErrorCode.GRAMMAR_DEAD_END: (400, "response_format"),  # the client's grammar, not the server
+    ErrorCode.INVALID_GRAMMAR: (400, "response_format"),
+    ErrorCode.DEADLINE: (503, "timeout"),
+    ErrorCode.SHUTTING_DOWN: (503, None),
+}
+
+
+def failure(code: ErrorCode | None) -> APIError:
+    """The error a choice that failed with ``code`` answers with (message set by the caller)."""
+    status, param = FAILURES.get(code, (500, None))
+    return APIError(status, "the request failed", param, code.value if code is not None else "internal_error")
+
+
 def error_event(d: Delta) -> str:
     """A failed choice in a stream: OpenAI's error body as an event (then the stream goes on)."""
-    return sse({"error": {"message": d.error or "the request failed", "type": "server_error", "param": None,
-                          "code": "internal_error"}})
+    e = failure(d.error_code)
+    return sse({"error": {"message": d.error or e.message, "type": e.type, "param": e.param, "code": e.code}})
 
 
 def sse(obj: dict | str) -> str:

@@ -19,10 +19,9 @@ from fastapi import Request
 
 from ..engine.async_engine import RequestStream
 from ..engine.outputs import Delta
-from ..engine.updates import GRAMMAR_DEAD_END
-from .deadline import DEADLINE_CODE, message, with_deadline
+from .deadline import with_deadline
 from .errors import APIError
-from .render import Choice, Usage, error_event, sse
+from .render import Choice, Usage, error_event, failure, sse
 
 DISCONNECT_POLL_S = 0.25
 
@@ -137,18 +136,16 @@ async def collect(request: Request, reply: Reply) -> tuple[list[Choice], Usage]:
             raise APIError(499, "the client disconnected", None, "client_disconnected")
     task.result()
     for c in choices:
-        _raise_failed(c, reply.seconds)
+        _raise_failed(c)
     return choices, usage
 
 
-def _raise_failed(c: Choice, seconds: float | None) -> None:
+def _raise_failed(c: Choice) -> None:
+    """A failed choice fails the whole response, with the status its code maps to."""
     if c.finish_reason != "error":
         return
-    if seconds is not None and c.error == message(seconds):
-        raise APIError(503, c.error, "timeout", DEADLINE_CODE)
-    if c.error == GRAMMAR_DEAD_END:
-        raise APIError(400, c.error, "response_format", "grammar_dead_end")
-    raise APIError(500, c.error or "the request failed", None, "internal_error")
+    e = failure(c.error_code)
+    raise APIError(e.status, c.error or e.message, e.param, e.code)
 
 
 # ------------------------------------------------------------------ streamed

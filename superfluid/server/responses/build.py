@@ -22,7 +22,7 @@ import copy
 import uuid
 from dataclasses import dataclass, field
 
-from ..deadline import DEADLINE_CODE, message as deadline_message
+from ...engine.outputs import ErrorCode
 from ..render import Usage
 from ..tool_parser import AutoStream, ForcedStream, finish_reason, open_stream
 from ..tools import ToolPlan
@@ -42,7 +42,6 @@ def usage_body(u: Usage) -> dict:
 class ResponseBuild:
     head: dict  # the response object's fields that do not change while it is written
     plan: ToolPlan | None
-    deadline_s: float | None = None
     output: list[dict] = field(default_factory=list)
     status: str = "in_progress"
     error: dict | None = None
@@ -80,7 +79,7 @@ class ResponseBuild:
         deltas = self._parser.push(text) if self._parser is not None else [{"content": text}]
         return [e for d in deltas for e in self._apply(d)]
 
-    def finish(self, reason: str | None, error: str | None, usage: Usage) -> list[dict]:
+    def finish(self, reason: str | None, error: str | None, usage: Usage, code: ErrorCode | None = None) -> list[dict]:
         """The closing events, the last one the response's end (``reason``: the engine's)."""
         events = [e for d in (self._parser.finish() if self._parser is not None else []) for e in self._apply(d)]
         events += self._close()
@@ -88,7 +87,7 @@ class ResponseBuild:
             reason = "stop" if finish_reason(self._parser, reason) == "tool_calls" else reason
         self.usage = usage_body(usage)
         if reason == "error" or reason is None:
-            code = DEADLINE_CODE if self.deadline_s is not None and error == deadline_message(self.deadline_s) else "server_error"
+            code = code.value if code is ErrorCode.DEADLINE else "server_error"
             self.status, self.error = "failed", {"code": code, "message": error or "the request ended without a result"}
         elif reason in ("length", "abort"):
             self.status, self.incomplete = "incomplete", {"reason": "max_output_tokens"}

@@ -79,7 +79,7 @@ class Responses:
         streams = await self.serving.submit(rid, [ids], params, cache.key)
         reply = Reply(rid, int(time.time()), self.serving.name, streams, 1,
                       deadline_s(body.timeout, self.serving.request_timeout))
-        build = ResponseBuild(_head(body, rid, reply.created, self.serving.name, cache), plan, reply.seconds)
+        build = ResponseBuild(_head(body, rid, reply.created, self.serving.name, cache), plan)
         return stream.Turn(build, reply, ids, history, lambda t, done: self._end(t, done, cache))
 
     async def _previous(self, rid: str | None) -> dict | None:

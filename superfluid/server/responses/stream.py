@@ -51,7 +51,7 @@ async def events(turn: Turn) -> AsyncIterator[str]:
             if d.finish_reason is not None:
                 usage.add_final(d)
                 last = d
-        closing = b.finish(last and last.finish_reason, last and last.error, usage)
+        closing = b.finish(last and last.finish_reason, last and last.error, usage, last and last.error_code)
         await turn.end(turn, True)
         for e in closing:
             yield sse(e)
@@ -70,6 +70,6 @@ async def whole(request: Request, turn: Turn) -> dict:
     c = choices[0]
     turn.output_ids = list(c.token_ids)
     turn.build.push(c.text)
-    turn.build.finish(c.finish_reason, c.error, usage)
+    turn.build.finish(c.finish_reason, c.error, usage, c.error_code)
     await turn.end(turn, True)
     return turn.build.snapshot()
