@@ -1,5 +1,5 @@
 """In-runtime sampling on the llamacpp runtime (``step_sampled``) gives exactly the tokens of
-the host path (``step`` rows picked by executor/sampling.py): greedy and seeded draws,
+the host path (``step`` rows picked by superfluid/sampling.py): greedy and seeded draws,
 several lanes per step, a Llama and a Mamba; then the same through the executor, whose
 decode rounds take ``step_sampled`` when ``desc.engine_sampling`` is on. Two runtimes
 of one file fed the same batches give bitwise the same rows, so tokens must be equal,
@@ -19,7 +19,7 @@ import llama_cpp as L  # noqa: E402
 from lane_driver import Driver, LaneRun  # noqa: E402
 from superfluid.abi import Sampling, SamplingFlag, LaneParams  # noqa: E402
 from superfluid.executor import Executor  # noqa: E402
-from superfluid.executor import sampling as hs  # noqa: E402
+from superfluid import sampling as hs  # noqa: E402
 from superfluid.runtimes.base import Feed, SampleSpec  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
 from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba  # noqa: E402

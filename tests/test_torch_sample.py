@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from superfluid.abi import LaneParams
-from superfluid.executor import sampling
+from superfluid import sampling
 from superfluid.runtimes.base import Feed, SampleSpec
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.sample import sample_lanes

@@ -9,7 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from superfluid.abi import LaneParams
-from superfluid.executor import sampling
+from superfluid import sampling
 from superfluid.models import ModelLoadError, resolve_model
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, SampleSpec, UnknownSeq
 from superfluid.runtimes.torch import TorchRuntime

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import abi
-from ..executor.sampling import splitmix64
+from ..sampling import splitmix64
 from .handles import RequestHandles
 from .params import SamplingParams
 

@@ -1,4 +1,4 @@
-"""In-runtime sampling: the executor's host sampler (executor/sampling.py) in torch, batched
+"""In-runtime sampling: the executor's host sampler (superfluid/sampling.py) in torch, batched
 over the lanes on the logits' device, drawing the same tokens.
 
 Invariants (each mirrors sampling.candidates / sampling.sample):
@@ -32,7 +32,7 @@ from typing import Sequence
 
 import torch
 
-from ...executor import sampling
+from ... import sampling
 from ..base import SampleSpec
 
 

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..abi import LaneParams
+from .abi import LaneParams
 
 _MASK64 = (1 << 64) - 1
 PENALTY_WINDOW = 64  # penalties look at this many of the lane's last tokens
