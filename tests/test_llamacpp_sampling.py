@@ -22,8 +22,8 @@ from superfluid.executor import Executor  # noqa: E402
 from superfluid import sampling as hs  # noqa: E402
 from superfluid.runtimes.base import Feed, SampleSpec  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba  # noqa: E402
-from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
+from superfluid_testing.tiny_mamba import write_tiny_mamba  # noqa: E402
+from superfluid_testing.tiny import TinyModel  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]
 SPECS = [SampleSpec(0.0, 0, 1.0, 0.0, 0), SampleSpec(0.8, 0, 0.95, 0.0, 12345), SampleSpec(1.3, 20, 1.0, 0.05, 999),
