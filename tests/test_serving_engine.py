@@ -74,6 +74,10 @@ def _engine_reads(tree: ast.AST) -> set[str]:
     return out
 
 
+def test_the_walker_sees_a_reach_in():
+    assert _engine_reads(ast.parse("core = self.engine.engine\nengine.engine.scheduler.stats")) == {"engine", "scheduler"}
+
+
 def test_the_server_reads_only_protocol_members():
     used, imports = set(), []
     for path in SERVER.rglob("*.py"):
