@@ -1,4 +1,6 @@
-"""Host-side sampling: pure functions of a logits row and a counter-based draw.
+"""Sampling: pure functions of a logits row and a counter-based draw. A leaf: the
+executor's host rows, the engine's host pick, the toy and llamacpp runtimes use these
+functions; the torch runtime's batched sampler computes the same ones.
 
 Invariants:
 - A draw is ``uniform(rng_base + rng_counter)``: a hash of the position, never a
