@@ -138,7 +138,7 @@ def main() -> None:
 
     import torch
 
-    from superfluid.engine.llm import LLM
+    from superfluid import LLM
 
     torch.set_num_threads(args.threads)
     req = make_dataset("chat", 1, seed=3, output_len=args.tokens)[0]

@@ -7,7 +7,7 @@
 """
 
 from .engine.config import EngineConfig, SchedulerConfig
-from .engine.llm import LLM
+from .entrypoints.llm import LLM
 from .engine.outputs import CompletionOutput, Logprob, RequestOutput
 from .engine.params import GrammarSpec, SamplingParams
 

@@ -18,7 +18,7 @@ from superfluid.abi import (
     TickPlan,
 )
 from superfluid.executor import Executor
-from superfluid.executor import sampling as hs
+from superfluid import sampling as hs
 
 
 @dataclass

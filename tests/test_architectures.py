@@ -17,7 +17,7 @@ import torch
 
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
-from superfluid.runtimes.torch.tiny import TinyModel
+from superfluid_testing.tiny import TinyModel
 from test_torch_variants import run_chunks, tokens  # noqa: F401 (test_architectures_gguf imports them from here)
 
 VOCAB = 272  # TinyModel's tokenizer has 269 tokens

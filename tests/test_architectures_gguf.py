@@ -40,7 +40,7 @@ def files(tmp_path_factory):
         pytest.skip("llama.cpp's converter is not installed (make converter)")
     from transformers import AutoTokenizer
 
-    from superfluid.runtimes.torch.tiny import TinyModel
+    from superfluid_testing.tiny import TinyModel
 
     d = tmp_path_factory.mktemp("arch-gguf")
     TinyModel().write_gguf(d / "t.gguf")

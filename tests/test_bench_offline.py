@@ -19,7 +19,7 @@ def test_offline_toy_runtime_superfluid_only():
 
 def test_offline_against_transformers_on_a_tiny_gguf(tmp_path):
     pytest.importorskip("gguf")
-    from superfluid.runtimes.torch.tiny import TinyModel
+    from superfluid_testing.tiny import TinyModel
 
     model = TinyModel().write_gguf(tmp_path / "tiny.gguf")
     out = tmp_path / "offline.json"

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from serve_helpers import Server
-from superfluid.runtimes.torch.tiny import TinyModel
+from superfluid_testing.tiny import TinyModel
 
 BOS = 1
 

@@ -41,7 +41,7 @@ def _run(engine, rid, prompt, params, choices=None, until=None) -> dict[int, lis
 def engines(request, tmp_path_factory):
     if request.param == "torch-worker":
         # a tiny random Llama: the payload holds K/V tensors, which cross the worker wire encoded
-        from superfluid.runtimes.torch.tiny import TinyModel
+        from superfluid_testing.tiny import TinyModel
 
         path = TinyModel().write_gguf(tmp_path_factory.mktemp("handover") / "tiny.gguf")
         config = EngineConfig(runtime="torch", model=str(path), worker=True)

@@ -8,7 +8,7 @@ import numpy as np
 
 from superfluid.abi import Finish, HostCommit, LaneAdmit, LaneDecode, PrefillChunk, Sampling, LaneParams, Status, TickPlan
 from superfluid.executor import Executor
-from superfluid.executor import sampling as hs
+from superfluid import sampling as hs
 from superfluid.runtimes.toy import ToyRuntime
 
 from test_executor_equivalence import prompt_of

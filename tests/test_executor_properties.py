@@ -48,7 +48,7 @@ from superfluid.abi import (
     TickStatus,
 )
 from superfluid.executor import Executor
-from superfluid.executor import sampling as hs
+from superfluid import sampling as hs
 from superfluid.runtimes.base import PrimError
 from superfluid.runtimes.toy import _HASH0, ToyRuntime, _mix
 

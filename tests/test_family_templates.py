@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from superfluid.engine.async_engine import AsyncEngine
 from superfluid.engine.config import EngineConfig
 from superfluid.engine.loader import build_engine
-from superfluid.runtimes.torch.tiny import TinyModel, write_hf_folder
+from superfluid_testing.tiny import TinyModel, write_hf_folder
 from superfluid.server.openai import create_app
 from superfluid.server.tool_models import Tool
 from superfluid.server.tool_parser import open_stream, whole

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from superfluid.models import ModelLoadError
 from superfluid.runtimes.torch import TorchRuntime
-from superfluid.runtimes.torch.tiny import TinyModel, write_hf_folder
+from superfluid_testing.tiny import TinyModel, write_hf_folder
 
 LOAD_S = 20
 

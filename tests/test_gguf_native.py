@@ -27,7 +27,7 @@ from superfluid.bench.fidelity import logits, score
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime, kernels, native
 from superfluid.runtimes.torch.qmat import NATIVE, QCat, QMat
-from superfluid.runtimes.torch.tiny import TinyModel, quantize_tensor
+from superfluid_testing.tiny import TinyModel, quantize_tensor
 
 pytestmark = pytest.mark.skipif(kernels.native() is None, reason="native kernels unavailable")
 

@@ -29,7 +29,7 @@ from superfluid.models import ModelLoadError
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.gguf_weights import gguf_name, load_gguf, open_gguf
-from superfluid.runtimes.torch.tiny import TinyModel, quantize_tensor, tiny_spm_vocab
+from superfluid_testing.tiny import TinyModel, quantize_tensor, tiny_spm_vocab
 from superfluid.tokenizer import Tokenizer
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]

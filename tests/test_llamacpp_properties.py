@@ -24,8 +24,8 @@ pytest.importorskip("llama_cpp")
 import test_executor_properties as P  # noqa: E402
 from superfluid.runtimes.base import Feed  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba  # noqa: E402
-from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
+from superfluid_testing.tiny_mamba import write_tiny_jamba, write_tiny_mamba  # noqa: E402
+from superfluid_testing.tiny import TinyModel  # noqa: E402
 
 ROW_ATOL = 2e-3
 

@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from superfluid.models import ModelLoadError  # noqa: E402
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, UnknownSeq, Unsupported  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
-from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
+from superfluid_testing.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
+from superfluid_testing.tiny import TinyModel  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]  # 20 tokens
 ATOL = 2e-3  # llama.cpp's kernels against transformers' fp32 (f32 K/V)

@@ -1,5 +1,5 @@
 """In-runtime sampling on the llamacpp runtime (``step_sampled``) gives exactly the tokens of
-the host path (``step`` rows picked by executor/sampling.py): greedy and seeded draws,
+the host path (``step`` rows picked by superfluid/sampling.py): greedy and seeded draws,
 several lanes per step, a Llama and a Mamba; then the same through the executor, whose
 decode rounds take ``step_sampled`` when ``desc.engine_sampling`` is on. Two runtimes
 of one file fed the same batches give bitwise the same rows, so tokens must be equal,
@@ -19,11 +19,11 @@ import llama_cpp as L  # noqa: E402
 from lane_driver import Driver, LaneRun  # noqa: E402
 from superfluid.abi import Sampling, SamplingFlag, LaneParams  # noqa: E402
 from superfluid.executor import Executor  # noqa: E402
-from superfluid.executor import sampling as hs  # noqa: E402
+from superfluid import sampling as hs  # noqa: E402
 from superfluid.runtimes.base import Feed, SampleSpec  # noqa: E402
 from superfluid.runtimes.llamacpp.runtime import LlamaCppRuntime  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba  # noqa: E402
-from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
+from superfluid_testing.tiny_mamba import write_tiny_mamba  # noqa: E402
+from superfluid_testing.tiny import TinyModel  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]
 SPECS = [SampleSpec(0.0, 0, 1.0, 0.0, 0), SampleSpec(0.8, 0, 0.95, 0.0, 12345), SampleSpec(1.3, 20, 1.0, 0.05, 999),

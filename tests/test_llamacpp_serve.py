@@ -16,8 +16,8 @@ openai = pytest.importorskip("openai")
 import torch  # noqa: E402
 
 from serve_helpers import Server  # noqa: E402
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
-from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
+from superfluid_testing.tiny_mamba import write_tiny_jamba, write_tiny_mamba, write_tiny_mamba2  # noqa: E402
+from superfluid_testing.tiny import TinyModel  # noqa: E402
 from superfluid.tokenizer import Tokenizer  # noqa: E402
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from superfluid.runtimes.torch.tiny import TinyModel  # noqa: E402
+from superfluid_testing.tiny import TinyModel  # noqa: E402
 
 PROBE = r"""
 import os, sys, time

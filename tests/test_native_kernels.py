@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime, kernels
 from superfluid.runtimes.torch.llama import Llama
-from superfluid.runtimes.torch.tiny import TinyModel
+from superfluid_testing.tiny import TinyModel
 
 pytestmark = pytest.mark.skipif(kernels.native() is None, reason=f"no native kernels: {kernels.native_error()}")
 

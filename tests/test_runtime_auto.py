@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as Q
 from serve_helpers import Server
 from superfluid.models import ModelLoadError
 from superfluid.runtimes.auto import pick_runtime
-from superfluid.runtimes.llamacpp.tiny_mamba import write_tiny_mamba
-from superfluid.runtimes.torch.tiny import TinyModel
+from superfluid_testing.tiny_mamba import write_tiny_mamba
+from superfluid_testing.tiny import TinyModel
 
 
 @pytest.fixture(scope="module")

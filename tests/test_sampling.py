@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from superfluid.abi import RingRef, LaneParams
-from superfluid.executor import sampling as hs
+from superfluid import sampling as hs
 from superfluid.executor.speculate import LaneSpec, SpecConfig, SpecGate, propose
 from superfluid.rings import PROMPTS, RingError, RingFull, Rings
 

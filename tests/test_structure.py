@@ -1,4 +1,5 @@
-"""The code's shape (issue 10): imports only go downwards, and functions stay short.
+"""The code's shape (issues 10, 24): imports only go downwards through the layers, and
+functions stay short.
 
 Both walk the source with ``ast``, so they see function-level imports too: an import
 moved into a function to dodge a cycle is still a cycle here. Imports under
@@ -103,6 +104,72 @@ def test_no_import_cycle():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The layers, lowest first (DESIGN.md §9). A module may import its own layer or a lower
+# one, never a higher one. A module belongs to the layer of its longest prefix listed here.
+LAYERS: list[tuple[str, ...]] = [
+    # leaves: records and codes (abi), page arithmetic, model names, the GGUF header
+    # reader, the tokenizer's protocol, Vocabulary, the sampling primitives the runtimes,
+    # executor and engine share, and the web UI's static files. They import no other layer.
+    ("superfluid.abi", "superfluid.pages", "superfluid.models", "superfluid.gguf_header",
+     "superfluid.tokenizer_api", "superfluid.vocabulary", "superfluid.sampling", "superfluid.web"),
+    # the token / logits rings and text <-> ids: built on the records and the vocabulary
+    ("superfluid.rings", "superfluid.tokenizer"),
+    # runtimes: a model's forward pass and in-runtime sampling; they never see the executor
+    ("superfluid.runtimes",),
+    # the executor: the tick phases over one runtime
+    ("superfluid.executor",),
+    # the worker: the supervised process (executor + runtime) and its wire
+    ("superfluid.worker",),
+    # the engine: requests, scheduling, text; the engine the server and LLM drive
+    ("superfluid.engine",),
+    # the OpenAI front door over one engine (anything that is a ServingEngine)
+    ("superfluid.server",),
+    # replicas on Ray behind the same front door
+    ("superfluid.cluster",),
+    # what users call: the package root (``from superfluid import LLM``), the command
+    # line, ``superfluid bench`` and LLM (entrypoints/)
+    ("superfluid", "superfluid.cli", "superfluid.bench", "superfluid.entrypoints"),
+]
+
+# Upward imports tolerated for now, "importer -> imported": none. An entry needs a comment
+# saying why it cannot move yet.
+KNOWN_UPWARD: frozenset[str] = frozenset()
+
+
+def _layer(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int | None:
+    best: tuple[int, int] | None = None
+    for i, names in enumerate(layers):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[1]):
+                best = (i, len(name))
+    return None if best is None else best[0]
+
+
+def _upward(graph: dict[str, set[str]], layers: list[tuple[str, ...]] = LAYERS) -> list[str]:
+    """Every import from a module to a module of a higher layer, as "importer -> imported"."""
+    return sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts if _layer(t, layers) > _layer(m, layers))
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in _modules() if _layer(m) is None] == []
+
+
+def test_no_import_goes_up_a_layer():
+    found = set(_upward(_imports(_modules())))
+    assert sorted(found - KNOWN_UPWARD) == []
+    assert sorted(KNOWN_UPWARD - found) == [], "a known exception is gone: drop it from KNOWN_UPWARD"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    layers = [("p.low",), ("p.mid",), ("p", "p.top")]
+    graph = {"p.low.a": {"p.low.b"}, "p.low.b": set(), "p.mid": {"p.low.a"},
+             "p.top.x": {"p.mid", "p.low.b"}, "p": {"p.top.x"}}
+    assert _upward(graph, layers) == []
+    graph["p.low.b"] = {"p.mid.c"}  # a leaf reaching up, lazily or not, is caught
+    graph["p.mid"] = {"p.low.a", "p"}  # so is the package root, which is the top layer
+    assert _upward(graph, layers) == ["p.low.b -> p.mid.c", "p.mid -> p"]
 
 
 def _long_functions() -> list[str]:

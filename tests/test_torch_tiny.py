@@ -9,11 +9,11 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from superfluid.abi import LaneParams
-from superfluid.executor import sampling
+from superfluid import sampling
 from superfluid.models import ModelLoadError, resolve_model
 from superfluid.runtimes.base import Capacity, Feed, OutOfBoundary, RuntimePrimitives, SampleSpec, UnknownSeq
 from superfluid.runtimes.torch import TorchRuntime
-from superfluid.runtimes.torch.tiny import TinyModel
+from superfluid_testing.tiny import TinyModel
 
 PROMPT = [5, 77, 130, 9, 200, 41, 33, 260, 12, 99, 7, 150, 64, 3, 18, 222, 90, 45, 8, 11]  # 20 tokens
 
@@ -73,7 +73,7 @@ def test_parity_with_transformers(tiny_dir, name):
 def test_hf_folder_matches_gguf(tiny_dir, tmp_path, rt):
     from transformers import AutoTokenizer
 
-    from superfluid.runtimes.torch.tiny import write_hf_folder
+    from superfluid_testing.tiny import write_hf_folder
 
     write_hf_folder(tiny_dir / "llama.gguf", tmp_path)
     AutoTokenizer.from_pretrained(tiny_dir, gguf_file="llama.gguf").save_pretrained(tmp_path)

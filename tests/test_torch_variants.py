@@ -17,7 +17,7 @@ from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime
 from superfluid.runtimes.torch.config import ModelConfig
 from superfluid.runtimes.torch.hf_weights import _rope_scaling, read_config
-from superfluid.runtimes.torch.tiny import TinyModel, write_hf_folder
+from superfluid_testing.tiny import TinyModel, write_hf_folder
 
 WINDOW = 8
 CONTEXT = 512  # TinyModel's context

@@ -15,7 +15,7 @@ from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime, kernels, native
 from superfluid.runtimes.torch.config import ModelConfig
 from superfluid.runtimes.torch.kernels import QMat
-from superfluid.runtimes.torch.tiny import TinyModel
+from superfluid_testing.tiny import TinyModel
 
 WINDOW = 8
 PROMPT = np.random.default_rng(11).integers(3, 260, 24).tolist()  # decoded past WINDOW

@@ -6,7 +6,7 @@
   else the least loaded), with the counters /metrics shows.
 - ``replica``: the Ray actor that owns one engine (its supervised worker and runtime).
 - ``handover``: a draining replica's running requests, exported for another to adopt.
-- ``frontdoor``: the AsyncEngine-shaped engine the OpenAI app serves from; it re-admits
+- ``frontdoor``: the ``ServingEngine`` the OpenAI app serves from; it re-admits
   a lost replica's requests elsewhere (decode replay, same rng base) and moves a
   drained replica's requests by export/adopt.
 - ``launch``: Ray start-up and actor placement; ``offline``: ``LLM(replicas=N)``.

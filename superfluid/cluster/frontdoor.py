@@ -1,6 +1,6 @@
-"""The front door: one AsyncEngine-shaped engine over the replicas.
+"""The front door: one ``ServingEngine`` (engine/serving.py) over the replicas.
 
-``create_app`` serves from it unchanged: ``submit`` chooses each choice's rng base
+``create_app`` serves from it as from one engine: ``submit`` chooses each choice's rng base
 (here, so that it survives any replica), routes (``Router``), opens the chosen
 replica's Ray generator and waits for its admission ack; the ``ClusterStream`` then
 yields the replica's deltas and moves the request when its replica dies or drains.
@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from ..engine.async_engine import EngineDead, QueueFull
 from ..engine.engine import Engine
 from ..engine.outputs import Delta
 from ..engine.params import SamplingParams
 from ..engine.request import ChoiceStart, rng_base
+from ..engine.serving import EngineDead, Observer, QueueFull
 from .router import Router
 from .stream import ClusterStream
 
@@ -41,38 +41,24 @@ class ReplicaSlot:
     handed_over: int = 0
 
 
-class ClusterCore:
-    """What the OpenAI app reads from ``engine.engine``: tokenizer, limits, health."""
+class ClusterEngine:
+    """The replicas as one engine. The model facts (tokenizer, desc, config, name) are the
+    replicas' own, so the door checks and tokenizes a request as any replica would."""
 
     validate = Engine.validate  # the same checks a replica's engine makes, made at the door
+    scheduler = None  # (Engine.validate's priority check reads it: the replicas schedule)
+    figures = None  # no scheduler here: cluster_metrics reports each replica's figures
 
-    def __init__(self, cluster: "ClusterEngine", tokenizer, desc, config, model_name: str):
-        self.cluster = cluster
+    def __init__(self, slots: list[ReplicaSlot], router: Router, *, tokenizer, desc, config, model_name: str,
+                 max_queued: int = 256):
+        self.slots = {s.name: s for s in slots}
+        self.router = router
         self.tokenizer = tokenizer
         self.desc = desc
         self.config = config
         self.model_name = model_name
-        self.scheduler = None
-
-    @property
-    def vocab_size(self) -> int:
-        return self.desc.vocab_size
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.desc.max_seq_len
-
-    def worker_health(self) -> dict:
-        return self.cluster.health()
-
-
-class ClusterEngine:
-    def __init__(self, slots: list[ReplicaSlot], router: Router, max_queued: int = 256):
-        self.slots = {s.name: s for s in slots}
-        self.router = router
         self.max_queued = max_queued
-        self.engine: ClusterCore | None = None  # set by launch
-        self.observer = None
+        self.observer: Observer | None = None
         self.failovers = 0  # requests moved off a lost replica
         self.handovers = 0  # requests moved off a draining replica by export/adopt
         self._pending = 0  # submitted, not yet admitted by a replica
@@ -131,6 +117,17 @@ class ClusterEngine:
     @property
     def num_queued(self) -> int:
         return self._pending
+
+    @property
+    def vocab_size(self) -> int:
+        return self.desc.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.desc.max_seq_len
+
+    def worker_health(self) -> dict:
+        return self.health()
 
     # ------------------------------------------------------------ requests
     async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

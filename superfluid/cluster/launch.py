@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, replace
 
 from ..engine.config import EngineConfig
-from .frontdoor import ClusterCore, ClusterEngine, ReplicaSlot
+from .frontdoor import ClusterEngine, ReplicaSlot
 from .replica import ReplicaActor
 from .router import Router, RouterConfig
 
@@ -65,7 +65,6 @@ def start_cluster(config: EngineConfig, cfg: ClusterConfig, max_queued: int = 25
     # Routing pages are at least the router's own (16 tokens): a runtime whose cache matches
     # to the token (llamacpp, page 1) would otherwise hash only the first max_pages tokens.
     router = Router(RouterConfig(page=max(desc.page, RouterConfig.page), load_factor=cfg.load_factor))
-    cluster = ClusterEngine(slots, router, max_queued=max_queued)
     kind, kw, name = runtime_args(config)
-    cluster.engine = ClusterCore(cluster, _tokenizer_for(kind, kw, desc.vocab_size), desc, config, name)
-    return cluster
+    return ClusterEngine(slots, router, tokenizer=_tokenizer_for(kind, kw, desc.vocab_size), desc=desc, config=config,
+                         model_name=name, max_queued=max_queued)

@@ -22,12 +22,12 @@ class ClusterRunner:
 
     @property
     def tokenizer(self):
-        return self.cluster.engine.tokenizer
+        return self.cluster.tokenizer
 
     def run(self, texts: list[str | None], ids: list[list[int]], params: list[SamplingParams],
             progress: bool = True) -> list[RequestOutput]:
         for toks, p in zip(ids, params):  # every prompt is checked before any runs
-            self.cluster.engine.validate(toks, p)
+            self.cluster.validate(toks, p)
         return asyncio.run(self._run(texts, ids, params, progress))
 
     async def _run(self, texts, ids, params, progress: bool) -> list[RequestOutput]:

@@ -147,10 +147,10 @@ class ReplicaActor:
         self._loop = asyncio.get_running_loop()
         import ray
 
-        desc = self.engine.engine.desc
+        desc = self.engine.desc
         return {"name": self.name, "pid": os.getpid(), "model_pid": self.engine.pid,
                 "node": ray.get_runtime_context().get_node_id(), "page": desc.page,
-                "model": self.engine.engine.model_name, "desc": desc}
+                "model": self.engine.model_name, "desc": desc}
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
                        choices: list[ChoiceStart] | None = None,
@@ -189,9 +189,8 @@ class ReplicaActor:
         return await self.engine.hand_over()
 
     async def health(self) -> dict:
-        core = self.engine.engine
-        worker = core.worker_health() or {}
-        s = core.scheduler
+        worker = self.engine.worker_health() or {}
+        s = self.engine.figures
         return {"name": self.name, "alive": self.engine.alive, "draining": self.engine.draining,
                 "pid": os.getpid(), "model_pid": self.engine.pid, "running": s.num_running,
                 "waiting": s.num_waiting, "kv_usage": s.stats.kv_usage,

@@ -16,7 +16,7 @@ def build_app(config: EngineConfig, cfg: ClusterConfig, model_name: str | None =
     from ..server.openai import create_app
 
     cluster = start_cluster(config, cfg, max_queued=config.max_queued_requests)
-    name = model_name or cluster.engine.model_name
+    name = model_name or cluster.model_name
     app = create_app(cluster, model_name=name, metrics=cluster_metrics(cluster, name), **app_kw)
 
     @app.post("/v1/cluster/replicas/{replica}/drain")

@@ -14,10 +14,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, AsyncIterator
 
-from ..engine.async_engine import EngineDead, QueueFull
 from ..engine.outputs import Delta
 from ..engine.params import ParamError, SamplingParams
 from ..engine.request import ChoiceStart
+from ..engine.serving import EngineDead, QueueFull
 from .handover import HandedOver
 
 if TYPE_CHECKING:

@@ -1,4 +1,6 @@
 """The engine behind the server: a background thread runs ticks; asyncio awaits them.
+It is a ``ServingEngine`` (serving.py): the server sees the model and the scheduler's
+figures through it, never the ``Engine`` inside.
 
 Invariants:
 - Only the loop thread touches the engine (and so the executor). Other threads talk
@@ -19,34 +21,17 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator
 
 from ..executor.interface import ExecutorLost
 from .engine import Engine
 from .outputs import Delta
 from .params import SamplingParams
 from .request import ChoiceStart
+from .serving import EngineDead, Figures, Observer, QueueFull
 
 log = logging.getLogger("superfluid.engine")
 MAX_BACKLOG = 8192  # deltas a consumer may leave unread before its request is aborted
-
-
-class QueueFull(Exception):
-    """More requests wait than ``max_queued`` allows."""
-
-
-class EngineDead(Exception):
-    """The loop thread stopped; no request can be served."""
-
-
-class Observer(Protocol):
-    """What the metrics side hears (every call from the loop thread)."""
-
-    def first_token(self, seconds: float) -> None: ...
-
-    def inter_token(self, seconds: float) -> None: ...
-
-    def finished(self, delta: Delta, seconds: float) -> None: ...
 
 
 @dataclass
@@ -132,6 +117,42 @@ class AsyncEngine:
         """Requests not yet running: in the inbox or the scheduler's queue."""
         adds = sum(1 for item in list(self._inbox) if item[0] == "add")
         return adds + self.engine.scheduler.num_waiting
+
+    # ------------------------------------------------------------ the model served
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.model_name
+
+    @property
+    def desc(self):
+        return self.engine.desc
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def figures(self) -> Figures:
+        """The scheduler's queue, lanes and stats (plain reads, safe from any thread)."""
+        return self.engine.scheduler
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        self.engine.validate(prompt_token_ids, params)
+
+    def worker_health(self) -> dict | None:
+        return self.engine.worker_health()
 
     # ------------------------------------------------------------ requests
     async def submit(

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import abi
 from ..abi import MAX_TOP_LOGPROBS
-from ..executor import sampling as hs
+from .. import sampling as hs
 from .params import SamplingParams
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import abi
-from ..executor.sampling import splitmix64
+from ..sampling import splitmix64
 from .handles import RequestHandles
 from .lifecycle import ENDED, TAKES_TOKENS, Phase
 from .outputs import ErrorCode

@@ -6,7 +6,7 @@
 - ``quantization``: "gguf" (or None) runs the file's own types; ``quant``'s names pass.
 - ``tokenizer``: only the model's own (a GGUF carries its tokenizer; the grammars'
   vocabulary is the runtime's, so another tokenizer would disagree with it).
-- ``seed`` is the LLM's (llm.py): requests without one get seeds drawn from it in order.
+- ``seed`` is the LLM's (entrypoints/llm.py): requests without one get seeds drawn from it in order.
 
 vLLM arguments that only tune vLLM's own machinery (``trust_remote_code``,
 ``enforce_eager``, ...) are accepted and change nothing; a parallel size other than 1 is a

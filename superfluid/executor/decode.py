@@ -18,7 +18,7 @@ import time
 from ..abi import MAX_TOP_LOGPROBS, FaultCode, Finish, LaneEmit, LaneLogprob, RingRef, Sampling, SamplingFlag, SpecStats
 from ..rings import RingFull
 from ..runtimes.base import Feed, PrimError, SampleSpec
-from . import sampling as hs
+from .. import sampling as hs
 from .context import TickContext
 from .faults import fail_step, fatal_tick, fault_lane
 from .grammar_errors import GrammarOverflow

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from ..abi import MAX_TOP_LOGPROBS, PromptLogprob
 from ..runtimes.base import Feed, PrimError
-from .sampling import logprobs as score
+from ..sampling import logprobs as score
 from .context import TickContext
 from .faults import fail_step, fatal_tick, unless_fatal
 from .tick_state import TickState

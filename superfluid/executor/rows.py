@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..abi import LaneLogprob, PartialEmit, Sampling, TickFlag
-from . import sampling as hs
+from .. import sampling as hs
 from .context import TickContext
 from .lane import Lane
 from .tick_state import TickState

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..abi import LaneParams
-from ..executor import sampling as hs
+from .. import sampling as hs
 from .base import (
     Capacity,
     Feed,

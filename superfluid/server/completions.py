@@ -90,7 +90,7 @@ def prepare(body: CompletionRequest, serving: Serving) -> tuple[SamplingParams, 
     """The params, the prompts' token ids and the response's shape; APIError for a bad request."""
     params = translated(completion_params, body)
     with invalid_params():
-        extras = completion_extras.plan(body, serving.core.config.max_n)
+        extras = completion_extras.plan(body, serving.engine.config.max_n)
         params = extras.params(params)
         raw = completion_prompts(body)
         if body.suffix:

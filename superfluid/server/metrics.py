@@ -1,8 +1,8 @@
 """Prometheus metrics: a registry per app (tests build many apps in one process).
 
-Latencies are observed on the engine's loop thread as tokens are produced
-(``AsyncEngine``'s observer); queue, running, KV and cache figures are read from
-the scheduler when Prometheus scrapes.
+Latencies are observed on the engine's loop thread as tokens are produced (the
+``ServingEngine``'s observer); queue, running, KV and cache figures are read from the
+engine's ``figures`` when Prometheus scrapes.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..engine.outputs import Delta
+from ..engine.serving import Figures
 from .ignored_fields import IgnoredFields
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
@@ -19,7 +20,7 @@ _E2E_BUCKETS = (0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0)
 
 
 class Metrics:
-    def __init__(self, scheduler=None, model_name: str = ""):
+    def __init__(self, figures: Figures | None = None, model_name: str = ""):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("superfluid_requests", "Finished requests (choices)", ["finish_reason"], registry=r)
@@ -40,8 +41,8 @@ class Metrics:
         self.rejected = Counter("superfluid_rejected_requests", "Requests refused before running", ["reason"], registry=r)
         self.ignored = IgnoredFields(Counter("superfluid_ignored_request_fields",
                                              "Request fields accepted and ignored, per name", ["field"], registry=r))
-        if scheduler is not None:
-            r.register(_SchedulerCollector(scheduler))
+        if figures is not None:
+            r.register(_FiguresCollector(figures))
 
     # the engine's observer
     def first_token(self, seconds: float) -> None:
@@ -62,11 +63,11 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class _SchedulerCollector:
-    """Figures read at scrape time from the scheduler (plain reads of ints)."""
+class _FiguresCollector:
+    """The scheduler's figures, read at scrape time (plain reads of ints)."""
 
-    def __init__(self, scheduler):
-        self.s = scheduler
+    def __init__(self, figures: Figures):
+        self.s = figures
 
     def describe(self):
         return []

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API over an ``AsyncEngine``: the app factory wires routes.
+"""The OpenAI-compatible HTTP API over a ``ServingEngine`` (engine/serving.py: one engine
+or a front door over replicas): the app factory wires routes.
 
 Each generating endpoint: parse (pydantic) -> translate and validate (ParamError -> 400)
 -> tokenize -> submit every prompt (QueueFull -> 429, an invalid grammar -> 400, all
@@ -16,7 +17,7 @@ import contextlib
 from fastapi import FastAPI
 
 from .. import web
-from ..engine.async_engine import AsyncEngine
+from ..engine.serving import ServingEngine
 from . import chat, completions, status_routes, tokenize_routes
 from .auth import ApiKey
 from .responses import routes as responses_routes
@@ -31,15 +32,14 @@ from .toolcalls import registry
 
 
 def create_app(
-    engine: AsyncEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
+    engine: ServingEngine, model_name: str | None = None, metrics: Metrics | None = None, drain_s: float = 0.0,
     limits: Limits = Limits(), request_timeout: float = 0.0, api_key: str | None = None, web_ui: bool = True,
     streams: StreamConfig = StreamConfig(), store: StoreConfig = StoreConfig(), tool_call_parser: str = "auto",
     trust_request_chat_template: bool = False,
 ) -> FastAPI:
-    core = engine.engine
-    name = model_name or core.model_name
+    name = model_name or engine.model_name
     if metrics is None:
-        metrics = Metrics(core.scheduler, name)
+        metrics = Metrics(engine.figures, name)
     if engine.observer is None:
         engine.observer = metrics
 
@@ -50,13 +50,13 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, read_timeout=limits.body_timeout_s)
     if api_key:  # added last: it runs first, so a request without the key costs no body read
         app.add_middleware(ApiKey, key=api_key)
-    serving = Serving(engine, name, metrics, prompt_char_cap(limits, core.desc.max_seq_len), request_timeout,
-                      StreamHub(streams, idle_s=limits.stream_idle_s), registry.resolve(tool_call_parser, core.tokenizer),
+    serving = Serving(engine, name, metrics, prompt_char_cap(limits, engine.max_seq_len), request_timeout,
+                      StreamHub(streams, idle_s=limits.stream_idle_s), registry.resolve(tool_call_parser, engine.tokenizer),
                       trust_request_chat_template)
     engine.start()  # also without a lifespan (TestClient used without `with`)
 
     status_routes.install(app, serving)
-    tokenize_routes.install(app, core, name, serving.check_chars)
+    tokenize_routes.install(app, engine, name, serving.check_chars)
     status_routes.install_metrics(app, metrics)
     completions.install(app, serving)
     chat.install(app, serving)
@@ -66,7 +66,7 @@ def create_app(
     return app
 
 
-def _lifespan(engine: AsyncEngine, drain_s: float):
+def _lifespan(engine: ServingEngine, drain_s: float):
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()

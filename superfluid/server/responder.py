@@ -17,7 +17,7 @@ from typing import AsyncIterator, Iterable, Protocol
 
 from fastapi import Request
 
-from ..engine.async_engine import RequestStream
+from ..engine.serving import DeltaStream as RequestStream
 from ..engine.outputs import Delta
 from .deadline import with_deadline
 from .errors import APIError

@@ -17,8 +17,8 @@ from typing import Callable, Iterator
 
 from fastapi import Request
 
-from ..engine.async_engine import AsyncEngine, EngineDead, QueueFull, RequestStream
 from ..engine.params import ParamError, SamplingParams
+from ..engine.serving import DeltaStream, EngineDead, QueueFull, ServingEngine
 from .deadline import deadline_s
 from .errors import APIError
 from .metrics import Metrics
@@ -43,7 +43,7 @@ def translated(translate: Callable, body) -> SamplingParams:
 
 @dataclass(frozen=True)
 class Serving:
-    engine: AsyncEngine
+    engine: ServingEngine
     name: str  # the served model name
     metrics: Metrics
     max_chars: int  # a prompt's character cap, checked before any tokenizer work
@@ -53,12 +53,8 @@ class Serving:
     trust_request_chat_template: bool = False  # a request's chat_template is rendered, not refused
 
     @property
-    def core(self):
-        return self.engine.engine
-
-    @property
     def tokenizer(self):
-        return self.core.tokenizer
+        return self.engine.tokenizer
 
     def check_body(self, body, endpoint: str) -> None:
         """The model is the one served; the fields it ignores are logged and counted."""
@@ -80,7 +76,7 @@ class Serving:
         """``requested``: the max_tokens the client gave (None: the rest of the context,
         or the endpoint's default, clamped to it, as vLLM does). Past the context it is a
         400 in vLLM's words, not a silent clamp; ``param`` names the prompt's field."""
-        limit = self.core.max_seq_len
+        limit = self.engine.max_seq_len
         if len(ids) >= limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your request has "
                            f"{len(ids)} input tokens. Please reduce the length of the {param}.", param,
@@ -91,12 +87,12 @@ class Serving:
                            f"completion). Please reduce the length of the {param} or completion.", param,
                            "context_length_exceeded")
         with invalid_params():
-            self.core.validate(ids, params)
+            self.engine.validate(ids, params)
 
     async def submit(self, rid: str, prompts: list[list[int]], params: SamplingParams,
-                     cache_key: str | None = None) -> list[RequestStream]:
+                     cache_key: str | None = None) -> list[DeltaStream]:
         """Every prompt's stream, or none: a failed submission aborts those already made."""
-        streams: list[RequestStream] = []
+        streams: list[DeltaStream] = []
         try:
             for i, ids in enumerate(prompts):
                 streams.append(await self.engine.submit(f"{rid}-{i}", ids, params, cache_key=cache_key))

@@ -12,20 +12,20 @@ from .serving import Serving
 
 
 def install(app: FastAPI, serving: Serving) -> None:
-    engine, core, name = serving.engine, serving.core, serving.name
+    engine, name = serving.engine, serving.name
 
     @app.get("/health")
     async def health():
         # ok; degraded: the model's worker is being replaced (requests wait, then are
         # replayed); error: the engine stopped, or the worker cannot be restarted.
-        worker = core.worker_health()
+        worker = engine.worker_health()
         status = "ok" if engine.alive else "error"
         if status == "ok" and worker is not None and worker["state"] != "ok":
             status = "error" if worker["state"] in ("failed", "stopped") else "degraded"
         # runtime: which numerics serve (e.g. torch:<file>:float32:det:q4_1, the fast default)
-        body = {"status": status, "pid": engine.pid, "model": name, "runtime": core.desc.runtime_id}
-        if core.config.runtime_reason:  # --runtime auto: why this runtime
-            body["runtime_reason"] = core.config.runtime_reason
+        body = {"status": status, "pid": engine.pid, "model": name, "runtime": engine.desc.runtime_id}
+        if engine.config.runtime_reason:  # --runtime auto: why this runtime
+            body["runtime_reason"] = engine.config.runtime_reason
         if worker is not None:
             body.update(worker=worker["state"], restarts=worker["restarts"], last_exit=worker["last_exit"])
             if "replicas" in worker:  # --replicas: every replica's own state
@@ -34,7 +34,7 @@ def install(app: FastAPI, serving: Serving) -> None:
 
     def model_object() -> dict:
         return {"id": name, "object": "model", "created": 0, "owned_by": "superfluid",
-                "max_model_len": core.max_seq_len}
+                "max_model_len": engine.max_seq_len}
 
     @app.get("/v1/models")
     async def models():

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from pydantic import Field, model_validator
 
 from ..engine.params import ParamError
+from ..engine.serving import ServingEngine
 from .errors import APIError
 from .messages import template_messages, total_chars
 from .protocol import ChatMessage, TokenId, _Lenient
@@ -46,8 +47,8 @@ class DetokenizeRequest(_Lenient):
     tokens: list[TokenId] = Field(max_length=MAX_DETOKENIZE)
 
 
-def install(app: FastAPI, core, name: str, check_chars) -> None:
-    tokenizer = core.tokenizer
+def install(app: FastAPI, engine: ServingEngine, name: str, check_chars) -> None:
+    tokenizer = engine.tokenizer
 
     def check_model(requested: str | None) -> None:
         if requested is not None and requested != name:
@@ -76,7 +77,7 @@ def install(app: FastAPI, core, name: str, check_chars) -> None:
                 raise APIError(400, f"the chat template rejected the messages: {e}", "messages", "invalid_value") from None
         special = body.add_special_tokens if body.add_special_tokens is not None else body.prompt is not None
         ids = tokenizer.encode(text, add_special_tokens=special)
-        out = {"count": len(ids), "max_model_len": core.max_seq_len, "tokens": ids}
+        out = {"count": len(ids), "max_model_len": engine.max_seq_len, "tokens": ids}
         if body.return_token_strs:
             out["token_strs"] = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
         return out
@@ -84,8 +85,8 @@ def install(app: FastAPI, core, name: str, check_chars) -> None:
     @app.post("/detokenize")
     def detokenize(body: DetokenizeRequest):
         check_model(body.model)
-        bad = [t for t in body.tokens if not 0 <= t < core.vocab_size]
+        bad = [t for t in body.tokens if not 0 <= t < engine.vocab_size]
         if bad:
-            raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{core.vocab_size - 1})", "tokens",
+            raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{engine.vocab_size - 1})", "tokens",
                            "invalid_value")
         return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}

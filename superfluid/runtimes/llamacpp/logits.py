@@ -6,7 +6,7 @@ Invariants:
   view, no copy. The view is valid until the next ``llama_decode`` (which overwrites,
   and may reallocate, that buffer): ``step`` copies what it returns, ``step_sampled``
   reads the view and returns token ids only.
-- In-runtime sampling is the executor's host sampler (executor/sampling.py) run on the
+- In-runtime sampling is the executor's host sampler (superfluid/sampling.py) run on the
   same float32 row: greedy is ``np.argmax`` (lowest id wins ties), a temperature draw is
   ``sampling.sample`` with ``sampling.uniform(rng_position)``. The host path would pick
   from a copy of exactly these values with exactly these functions, so the tokens are
@@ -24,7 +24,7 @@ import numpy as np
 import llama_cpp as L
 
 from ...abi import LaneParams
-from ...executor import sampling as hs
+from ... import sampling as hs
 from ..base import Fatal, SampleSpec
 
 

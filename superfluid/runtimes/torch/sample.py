@@ -1,29 +1,22 @@
-"""In-runtime sampling: the executor's host sampler (executor/sampling.py) in torch, batched
-over the lanes on the logits' device, drawing the same tokens.
+"""In-runtime sampling: the host sampler (superfluid/sampling.py) in torch, batched over
+the lanes on the logits' device: the same function, step for step.
 
-Invariants (each mirrors sampling.candidates / sampling.sample):
+Each step is sampling.walk / sampling.sample's, in the same floating-point operations:
 - A lane's draw is ``sampling.uniform(spec.rng_position)``: splitmix64 on the host, one
   float per lane, so a lane's token does not depend on what else shares the batch.
 - Greedy lanes (temperature 0) take argmax of the float32 row, lowest id winning ties.
-- Sampled lanes, in float64: x = row / max(temperature, 1e-6); top-k keeps the k largest
-  x (when 0 < k < V), else every finite x; weights w = exp(x - max), the best weighs 1;
-  min-p keeps w >= min_p; top-p keeps the smallest prefix of the walk whose cumulative
-  w / total reaches top_p (at least one token); the token is the first whose cumulative
-  probability w / sum(w) exceeds u (the last one if none does).
+- Sampled lanes, in float64: x = row / max(temperature, TEMPERATURE_FLOOR); top-k keeps
+  the k largest x (when 0 < k < V; ties at the k-th value: the lowest ids,
+  ``sampling.top_k_ids``), else every finite x; weights w = exp(x - max), the best weighs 1;
+  min-p keeps w >= min_p; top-p keeps the smallest prefix of the walk whose running sum of
+  w, over the running sum of w in id order, reaches top_p (at least one token); the token
+  is the first whose running weight over the kept total exceeds u (the last if none does).
 - The walk is by descending w, lowest id first on ties, when top-k or top-p is on;
-  otherwise by id.
+  otherwise by id. Every sum is a running sum (cumsum) in that order, as on the host;
+  tests/test_torch_sample.py checks the tokens are equal on thousands of random rows.
 
-Where a token can differ from the host sampler (exact equality for every row cannot be
-promised; tests/test_torch_sample.py checks thousands of random rows):
-- Rounding: torch's exp may be 1 ulp from numpy's, and sums / cumsums associate
-  differently (numpy sums pairwise, CUDA scans in parallel). Only a u, min_p or top_p
-  within a few ulps of a boundary, or two weights that tie on one side only, can change
-  the token: ~1e-15 per draw on real rows.
-- Ties across the top-k boundary (or across the host's 512-token nucleus probe): numpy's
-  argpartition keeps an arbitrary subset of the tied ids; here the lowest ids stay. Either
-  token has the same logit.
-- Rows with NaN or +inf logits are outside the contract (the host sampler returns garbage
-  or raises); a lane left with no candidate here takes the argmax.
+Rows are finite or -inf (a grammar's mask), with at least one finite logit. A GPU's exp
+and scans may round differently from the CPU's; on a CPU the operations are numpy's.
 """
 
 from __future__ import annotations
@@ -32,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from ...executor import sampling
+from ... import sampling
 from ..base import SampleSpec
 
 
@@ -51,8 +44,8 @@ def _sample(logits: torch.Tensor, specs: list[SampleSpec], greedy: torch.Tensor)
     S, V = logits.shape
     dev = logits.device
     # One transfer of the per-lane settings: [S, 6] float64 (top_k is exact there).
-    cols = torch.tensor([[max(s.temperature, 1e-6), s.top_k if 0 < s.top_k < V else 0, s.top_p, s.min_p,
-                          sampling.uniform(s.rng_position), float(s.top_p < 1.0 or 0 < s.top_k < V)]
+    cols = torch.tensor([[max(s.temperature, sampling.TEMPERATURE_FLOOR), s.top_k if 0 < s.top_k < V else 0,
+                          s.top_p, s.min_p, sampling.uniform(s.rng_position), float(s.top_p < 1.0 or 0 < s.top_k < V)]
                          for s in specs], dtype=torch.float64, device=dev)
     temp, k, top_p, min_p, u, ordered = (cols[:, j: j + 1] for j in range(6))  # each [S, 1]
     k, ordered = k.long(), ordered.bool()
@@ -78,14 +71,16 @@ def _sample(logits: torch.Tensor, specs: list[SampleSpec], greedy: torch.Tensor)
     n_cand = cs.sum(-1, keepdim=True)
     pos = torch.arange(V, device=dev)[None]
 
-    # top-p: the smallest prefix whose mass reaches top_p (searchsorted left, + 1).
-    cum = ws.cumsum(-1) / ws.sum(-1, keepdim=True)
+    # top-p: the smallest prefix whose mass reaches top_p (searchsorted left, + 1); the
+    # total is the running sum of the candidates' w in id order (zeros add nothing).
+    cum = ws.cumsum(-1) / torch.where(cand, w, 0.0).cumsum(-1)[:, -1:]
     cut = torch.minimum(((cum < top_p) & cs).sum(-1, keepdim=True) + 1, n_cand)
     keep = cs & ((top_p >= 1.0) | (pos < cut))
     wk = torch.where(keep, ws, 0.0)
 
     # Inverse CDF: the first kept token whose cumulative probability exceeds u.
-    cdf = (wk / wk.sum(-1, keepdim=True)).cumsum(-1)
+    cdf = wk.cumsum(-1)
+    cdf = cdf / cdf[:, -1:]
     n_keep = keep.sum(-1, keepdim=True)
     at = torch.minimum(((cdf <= u) & keep).sum(-1, keepdim=True), n_keep - 1).clamp(min=0)
     return torch.where(n_keep[:, 0] > 0, order.gather(1, at)[:, 0], greedy)

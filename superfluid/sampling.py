@@ -1,4 +1,6 @@
-"""Host-side sampling: pure functions of a logits row and a counter-based draw.
+"""Sampling: pure functions of a logits row and a counter-based draw. A leaf: the
+executor's host rows, the engine's host pick, the toy and llamacpp runtimes use these
+functions; the torch runtime's batched sampler computes the same ones.
 
 Invariants:
 - A draw is ``uniform(rng_base + rng_counter)``: a hash of the position, never a
@@ -9,6 +11,9 @@ Invariants:
   temperature / top-k / top-p / min-p by inverse CDF. Logprobs come from the row after
   bias and penalties, before temperature.
 - Every function works on whole rows with numpy; nothing loops over the vocabulary.
+- The walk is defined to the bit: ties at the top-k edge keep the lowest ids, and every
+  sum is a running (sequential) sum in a stated order, so a vectorised sampler
+  (runtimes/torch/sample.py) can compute the same function with the same operations.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..abi import LaneParams
+from .abi import LaneParams
 
 _MASK64 = (1 << 64) - 1
 PENALTY_WINDOW = 64  # penalties look at this many of the lane's last tokens
@@ -87,6 +92,7 @@ def logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int
 
 
 NUCLEUS_PROBE = 512  # top-p first looks for its nucleus among this many best tokens
+TEMPERATURE_FLOOR = 1e-6  # a sampled row is divided by max(temperature, this)
 
 
 def _desc_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -94,44 +100,68 @@ def _desc_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.lexsort((ids, -w))
 
 
-def candidates(row: np.ndarray, params: LaneParams) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids and their probabilities after temperature, top-k, top-p and min-p.
-    Probabilities sum to 1. The order is the inverse CDF's walk: descending
-    probability when top-k or top-p is on (ties: lowest id first), else id order, which
-    spares sorting the whole vocabulary on every draw."""
-    x = row.astype(np.float64) / max(params.temperature, 1e-6)
+def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest x, in id order; of ids tied at the k-th value, the lowest."""
+    kth = np.partition(x, x.shape[0] - k)[x.shape[0] - k]
+    above = np.flatnonzero(x > kth)
+    tied = np.flatnonzero(x == kth)[: k - above.shape[0]]
+    return np.sort(np.concatenate([above, tied]))
+
+
+def _nucleus(ids: np.ndarray, w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """ids (in id order) and weights -> the walk's smallest prefix whose mass reaches top_p.
+    The mass is the walk's running sum over the running sum of w in id order. The probe
+    takes every weight tied at its edge, so its walk is a prefix of the whole walk."""
+    n = ids.shape[0]
+    total = np.cumsum(w)[-1]
+    part = np.arange(n)
+    if NUCLEUS_PROBE < n:
+        part = np.flatnonzero(w >= np.partition(w, n - NUCLEUS_PROBE)[n - NUCLEUS_PROBE])
+    order = part[_desc_order(ids[part], w[part])]
+    cum = np.cumsum(w[order]) / total
+    if cum[-1] < top_p and part.shape[0] < n:
+        order = _desc_order(ids, w)  # a flat distribution: sort it all
+        cum = np.cumsum(w[order]) / total
+    cut = min(int(np.searchsorted(cum, top_p, side="left")) + 1, n)  # at least one token
+    return ids[order[:cut]], w[order[:cut]]
+
+
+def walk(row: np.ndarray, params: LaneParams) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse CDF's walk after temperature, top-k, top-p and min-p: token ids and
+    their weights (the best weighs 1). The walk is by descending weight (ties: lowest id
+    first) when top-k or top-p is on, else by id, which spares sorting the vocabulary."""
+    x = row.astype(np.float64) / max(params.temperature, TEMPERATURE_FLOOR)
     n = x.shape[0]
-    if 0 < params.top_k < n:
-        ids = np.argpartition(-x, params.top_k - 1)[: params.top_k]
+    top_k = 0 < params.top_k < n
+    if top_k:
+        ids = top_k_ids(x, params.top_k)
     else:
         ids = np.flatnonzero(np.isfinite(x))
         if ids.size == 0:
             ids = np.arange(n)
     logits = x[ids]
-    w = np.exp(logits - logits.max())  # the best token weighs 1
+    w = np.exp(logits - logits.max())
     if params.min_p > 0.0:
         keep = w >= params.min_p
         ids, w = ids[keep], w[keep]
     if params.top_p < 1.0:
-        total = w.sum()
-        probe = min(NUCLEUS_PROBE, ids.shape[0])
-        part = np.argpartition(-w, probe - 1)[:probe] if probe < ids.shape[0] else np.arange(ids.shape[0])
-        order = part[_desc_order(ids[part], w[part])]
-        cum = np.cumsum(w[order]) / total
-        if cum[-1] < params.top_p and probe < ids.shape[0]:
-            order = _desc_order(ids, w)  # a flat distribution: sort it all
-            cum = np.cumsum(w[order]) / total
-        # The smallest prefix whose mass reaches top_p (always at least one token).
-        cut = min(int(np.searchsorted(cum, params.top_p, side="left")) + 1, order.shape[0])
-        ids, w = ids[order[:cut]], w[order[:cut]]
-    elif 0 < params.top_k < n:
+        return _nucleus(ids, w, params.top_p)
+    if top_k:
         order = _desc_order(ids, w)
         ids, w = ids[order], w[order]
+    return ids, w
+
+
+def candidates(row: np.ndarray, params: LaneParams) -> tuple[np.ndarray, np.ndarray]:
+    """The walk's token ids and their probabilities (which sum to 1)."""
+    ids, w = walk(row, params)
     return ids, w / w.sum()
 
 
 def sample(row: np.ndarray, params: LaneParams, u: float) -> int:
-    """Inverse CDF: the first candidate whose cumulative mass exceeds u."""
-    ids, p = candidates(row, params)
-    at = int(np.searchsorted(np.cumsum(p), u, side="right"))
+    """Inverse CDF: the first token of the walk whose running weight over the total
+    (the running sum's last value) exceeds u; the last one if none does."""
+    ids, w = walk(row, params)
+    cum = np.cumsum(w)
+    at = int(np.searchsorted(cum / cum[-1], u, side="right"))
     return int(ids[min(at, ids.shape[0] - 1)])

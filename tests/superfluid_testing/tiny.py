@@ -20,9 +20,9 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, GGUFWriter
 from gguf.quants import quantize, quant_shape_to_byte_shape
 from safetensors.torch import save_file
 
-from ...tokenizer import _byte_decoder
-from .gguf_weights import load_gguf
-from .hf_weights import hf_name
+from superfluid.runtimes.torch.gguf_weights import load_gguf
+from superfluid.runtimes.torch.hf_weights import hf_name
+from superfluid.tokenizer import _byte_decoder
 
 TINY_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

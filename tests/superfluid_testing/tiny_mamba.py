@@ -8,7 +8,7 @@ Layout (ggml dims are numpy's reversed): ``ssm_in`` = in_proj [2*d_inner, d_mode
 dt_proj (weight and bias), ``ssm_a`` = -exp(A_log) [d_inner, d_state], ``ssm_d`` = D,
 ``ssm_out`` = out_proj; ``output`` = lm_head (untied: a tied head on random weights
 echoes the last token forever). The tokenizer is the tiny
-byte-level BPE of ``runtimes/torch/tiny.py``.
+byte-level BPE of ``tiny.py``.
 
 Mamba2 (``write_tiny_mamba2``): ``ssm_in`` = in_proj [z | xBC | dt], ``ssm_conv1d`` over xBC,
 ``ssm_dt.bias`` = dt_bias, ``ssm_a`` / ``ssm_d`` per head [n_heads, 1], ``ssm_norm`` the gated
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 
-from ..torch.tiny import save, tiny_vocab, write_tokenizer
+from .tiny import save, tiny_vocab, write_tokenizer
 
 
 def _randomise(model, seed: int) -> None:

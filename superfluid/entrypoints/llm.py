@@ -17,13 +17,13 @@ import itertools
 import weakref
 from typing import Any, Callable, Sequence
 
-from .config import EngineConfig, SchedulerConfig
-from .engine import Engine
-from .loader import build_engine
-from . import vllm_args
-from .outputs import CompletionOutput, Delta, RequestOutput
-from .params import SEED_MAX, SamplingParams
-from .request import rng_base
+from ..engine.config import EngineConfig, SchedulerConfig
+from ..engine.engine import Engine
+from ..engine.loader import build_engine
+from ..engine import vllm_args
+from ..engine.outputs import CompletionOutput, Delta, RequestOutput
+from ..engine.params import SEED_MAX, SamplingParams
+from ..engine.request import rng_base
 
 PromptLike = str | list[int] | dict
 TQDM_AUTO_MIN = 5  # use_tqdm=None: a progress bar from this many prompts on
