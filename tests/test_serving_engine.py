@@ -87,3 +87,22 @@ def test_the_server_reads_only_protocol_members():
                     and (n.module or "").endswith(("async_engine", "engine.engine", "scheduler", "cluster"))]
     assert used - MEMBERS == set()
     assert imports == []  # no engine class, no scheduler, no front door: the protocol only
+
+
+def test_the_cluster_door_refuses_a_priority_under_fcfs_as_a_replica_would():
+    """Regression: ClusterEngine.validate borrowed Engine.validate, whose priority check
+    read a scheduler the door does not have (an AttributeError for any priority)."""
+    import pytest
+
+    from superfluid.cluster.frontdoor import ClusterEngine
+    from superfluid.engine.config import EngineConfig, SchedulerConfig
+    from superfluid.engine.params import ParamError, SamplingParams
+    from superfluid.runtimes.toy import ToyRuntime
+
+    rt = ToyRuntime()
+    fcfs = EngineConfig(runtime="toy", scheduler=SchedulerConfig(scheduling_policy="fcfs"))
+    door = ClusterEngine([], None, tokenizer=rt.tokenizer, desc=rt.desc, config=fcfs, model_name="toy")
+    with pytest.raises(ParamError, match="priority scheduling is not enabled"):
+        door.validate([1, 2, 3], SamplingParams(priority=3))
+    door.config = EngineConfig(runtime="toy")  # the default policy: priority
+    door.validate([1, 2, 3], SamplingParams(priority=3))  # allowed: the replicas schedule by it

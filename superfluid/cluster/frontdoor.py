@@ -46,7 +46,6 @@ class ClusterEngine:
     replicas' own, so the door checks and tokenizes a request as any replica would."""
 
     validate = Engine.validate  # the same checks a replica's engine makes, made at the door
-    scheduler = None  # (Engine.validate's priority check reads it: the replicas schedule)
     figures = None  # no scheduler here: cluster_metrics reports each replica's figures
 
     def __init__(self, slots: list[ReplicaSlot], router: Router, *, tokenizer, desc, config, model_name: str,

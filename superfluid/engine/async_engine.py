@@ -234,7 +234,7 @@ class AsyncEngine:
                 try:
                     self.engine.add_request(rid, ids, params, choices, wait_grammar=False)
                 except ExecutorLost as e:
-                    self.engine._recover_or_fail(e)  # then once more, on the clean worker
+                    self.engine.recover_or_fail(e)  # then once more, on the clean worker
                     self.engine.add_request(rid, ids, params, choices, wait_grammar=False)
             except Exception as e:
                 _settle(stream, error=e)

@@ -25,6 +25,7 @@ from .lifecycle import LIVE
 from .outputs import Delta, ErrorCode, Outbox
 from .params import ParamError, SamplingParams
 from .handles import RequestHandles
+from .priority import PriorityPolicy
 from .request import ChoiceStart, FinishReason, Request, rng_base
 from .scheduler import Scheduler
 
@@ -87,7 +88,7 @@ class Engine:
                 "prompt",
             )
         params.validate(self.vocab_size, self.config.max_n)
-        if params.priority != 0 and not self.scheduler.policy.preempts:
+        if params.priority != 0 and not PriorityPolicy(self.config.scheduler.scheduling_policy).preempts:
             raise ParamError(
                 f"priority {params.priority} was given, but priority scheduling is not enabled "
                 "(the scheduling policy is fcfs)",
@@ -172,7 +173,7 @@ class Engine:
         try:
             states = self.ex.grammar_states([r.handles.grammar for r in pending])
         except ExecutorLost as e:
-            self._recover_or_fail(e)  # the new worker compiles them again
+            self.recover_or_fail(e)  # the new worker compiles them again
             return []
         failed: dict[str, ParamError] = {}
         for req, (state, message) in zip(pending, states):
@@ -214,7 +215,7 @@ class Engine:
         try:
             self.supervisor.check()
         except ExecutorLost as e:
-            self._recover_or_fail(e)
+            self.recover_or_fail(e)
 
     def close(self) -> None:
         """Stop the model's worker process, if one runs it."""
@@ -274,7 +275,7 @@ class Engine:
             failed = e
         self._settle()
         if lost is not None:
-            self._recover_or_fail(lost)
+            self.recover_or_fail(lost)
         elif failed is not None:
             self._isolate(failed)
 
@@ -289,7 +290,7 @@ class Engine:
             return
         if not isinstance(self.supervisor, InProcess):
             log.error("a step failed with no new request to blame (%r): replacing the worker", error)
-            self._recover_or_fail(ExecutorLost(f"engine error: {error!r}"))
+            self.recover_or_fail(ExecutorLost(f"engine error: {error!r}"))
             return
         self._fail_all(f"engine error: {error}", ErrorCode.ENGINE_ERROR)
         raise error
@@ -322,7 +323,9 @@ class Engine:
         if all(r.is_finished for r in group):
             self._groups.pop(req.group_id, None)
 
-    def _recover_or_fail(self, lost: ExecutorLost) -> None:
+    def recover_or_fail(self, lost: ExecutorLost) -> None:
+        """The executor was lost: replace it and replay every live request (``recover``),
+        again while replacements are lost; when none can start, every request fails."""
         log.warning("the model worker was lost (%s); starting a clean one and replaying its requests", lost)
         while True:
             try:

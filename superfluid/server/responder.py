@@ -17,7 +17,7 @@ from typing import AsyncIterator, Iterable, Protocol
 
 from fastapi import Request
 
-from ..engine.serving import DeltaStream as RequestStream
+from ..engine.serving import DeltaStream
 from ..engine.outputs import Delta
 from .deadline import with_deadline
 from .errors import APIError
@@ -33,7 +33,7 @@ class Reply:
     rid: str
     created: int
     model: str
-    streams: list[RequestStream]
+    streams: list[DeltaStream]
     n: int
     seconds: float | None  # the deadline; None: none
 
@@ -73,7 +73,7 @@ class Shape(Protocol):
         ...
 
 
-async def merged(streams: list[RequestStream], n: int) -> AsyncIterator[tuple[int, Delta]]:
+async def merged(streams: list[DeltaStream], n: int) -> AsyncIterator[tuple[int, Delta]]:
     """Deltas of several prompts' streams, as (choice index, delta)."""
     if len(streams) == 1:
         async for d in streams[0]:
@@ -81,7 +81,7 @@ async def merged(streams: list[RequestStream], n: int) -> AsyncIterator[tuple[in
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(i: int, s: RequestStream) -> None:
+    async def pump(i: int, s: DeltaStream) -> None:
         try:
             async for d in s:
                 await queue.put((i * n + d.index, d))
