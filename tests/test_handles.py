@@ -13,6 +13,7 @@ from superfluid import abi
 from superfluid.engine.config import EngineConfig, SchedulerConfig
 from superfluid.engine.engine import Engine
 from superfluid.engine.handles import RequestHandles
+from superfluid.engine.outputs import ErrorCode
 from superfluid.engine.params import GrammarSpec, ParamError, SamplingParams
 from superfluid.executor import Executor
 from superfluid.rings import Rings
@@ -176,7 +177,7 @@ def test_preemption_keeps_handles_and_detach_and_fail_release_them():
     assert eng.scheduler.stats.preemptions >= 1
     assert {id(r): held(r) for r in low} == before and not ex.released  # the victim keeps them
     eng.detach("low0")
-    eng.fail("low1", "shutting down")
+    eng.fail("low1", "shutting down", ErrorCode.SHUTTING_DOWN)
     check(eng, ex, low + high)
     settle(eng, ex, low + high)
 
@@ -231,13 +232,9 @@ ACTIONS = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(ACTIONS)
-def test_every_handle_is_released_exactly_once(actions):
-    # Two lanes and a pool that holds them with little to spare: admissions queue, better
-    # priorities preempt, injected OOMs retry. (A pool of 96 cells makes the scheduler
-    # give up with SchedulerError on some sequences, before and after handles.py alike.)
-    eng, ex = make_engine(n_cells=256, page=4)
+def play(eng: Engine, ex: HandleLedger, actions, after=check) -> list:
+    """Carry out ``actions`` (from ACTIONS) on the engine, calling ``after(eng, ex, reqs)``
+    after each; returns every request submitted."""
     reqs, ids = [], []
     for act in actions:
         kind = act[0]
@@ -258,5 +255,16 @@ def test_every_handle_is_released_exactly_once(actions):
             lanes = [r.lane_tag for r in reqs if r.lane_tag is not None and not r.is_finished]
             if lanes:
                 ex.inject_fault(lanes[act[1] % len(lanes)], act[2])
-        check(eng, ex, reqs)
+        after(eng, ex, reqs)
+    return reqs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ACTIONS)
+def test_every_handle_is_released_exactly_once(actions):
+    # Two lanes and a pool that holds them with little to spare: admissions queue, better
+    # priorities preempt, injected OOMs retry. (A pool of 96 cells makes the scheduler
+    # give up with SchedulerError on some sequences, before and after handles.py alike.)
+    eng, ex = make_engine(n_cells=256, page=4)
+    reqs = play(eng, ex, actions)
     settle(eng, ex, reqs)

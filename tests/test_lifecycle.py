@@ -21,7 +21,7 @@ from superfluid.engine.request_table import Ended, Queued, RequestTable, Settled
 from superfluid.engine.token_events import Source, TokenEvent
 from superfluid.engine.updates import SchedulerStats
 from superfluid.runtimes.base import RuntimeDesc
-from test_handles import ACTIONS, LONG_GRAMMAR, make_engine, params, settle, submit
+from test_handles import ACTIONS, make_engine, play, settle
 
 ROOT = Path(__file__).resolve().parent.parent / "superfluid"
 
@@ -120,25 +120,7 @@ def test_every_move_is_allowed_and_the_table_stays_consistent(actions):
     request_table.check = recorded
     try:
         eng, ex = make_engine(n_cells=160, page=4)
-        reqs, ids = [], []
-        for act in actions:
-            if act[0] == "add":
-                _, bias, grammar, n, priority = act
-                submit(eng, reqs, f"r{len(ids)}", eng.tokenizer.encode("ab " * (2 * priority + 1)),
-                       params(bias, grammar and LONG_GRAMMAR, n=n, priority=priority, max_tokens=4 + 2 * priority))
-                ids.append(f"r{len(ids)}")
-            elif act[0] == "step":
-                for _ in range(act[1]):
-                    eng.step()
-            elif ids and act[0] == "abort":
-                eng.abort(ids[act[1] % len(ids)])
-            elif ids and act[0] == "detach":
-                eng.detach(ids[act[1] % len(ids)])
-            elif act[0] == "fault":
-                lanes = [r.lane_tag for r in reqs if r.lane_tag is not None and not r.is_finished]
-                if lanes:
-                    ex.inject_fault(lanes[act[1] % len(lanes)], act[2])
-            _consistent(eng.scheduler.table, reqs)
+        reqs = play(eng, ex, actions, after=lambda eng, ex, reqs: _consistent(eng.scheduler.table, reqs))
         settle(eng, ex, reqs)
     finally:
         request_table.check = real

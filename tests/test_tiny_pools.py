@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_handles import ACTIONS, LONG_GRAMMAR, check, make_engine, params, settle, submit
+from test_handles import ACTIONS, make_engine, play, settle
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -26,25 +26,7 @@ def test_the_scheduler_never_gives_up_on_a_tiny_pool(cells, page, actions):
         return isolate(error)
 
     eng.scheduler.isolate = recorded
-    reqs, ids = [], []
-    for act in actions:
-        if act[0] == "add":
-            _, bias, grammar, n, priority = act
-            submit(eng, reqs, f"r{len(ids)}", eng.tokenizer.encode("ab " * (3 * priority + 1)),
-                   params(bias, grammar and LONG_GRAMMAR, n=n, priority=priority, max_tokens=6 + 3 * priority))
-            ids.append(f"r{len(ids)}")
-        elif act[0] == "step":
-            for _ in range(act[1]):
-                eng.step()
-        elif ids and act[0] == "abort":
-            eng.abort(ids[act[1] % len(ids)])
-        elif ids and act[0] == "detach":
-            eng.detach(ids[act[1] % len(ids)])
-        elif act[0] == "fault":
-            lanes = [r.lane_tag for r in reqs if r.lane_tag is not None and not r.is_finished]
-            if lanes:
-                ex.inject_fault(lanes[act[1] % len(lanes)], act[2])
-        check(eng, ex, reqs)
+    reqs = play(eng, ex, actions)
     settle(eng, ex, reqs)
     assert failures == []
     allowed = ("INJECTED", "OOM", "handed over", "does not fit")  # what the actions cause, nothing else

@@ -25,7 +25,7 @@ from typing import AsyncIterator
 
 from ..executor.interface import ExecutorLost
 from .engine import Engine
-from .outputs import Delta
+from .outputs import Delta, ErrorCode
 from .params import SamplingParams
 from .request import ChoiceStart
 from .serving import EngineDead, Figures, Observer, QueueFull
