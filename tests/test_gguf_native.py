@@ -172,11 +172,15 @@ def greedy(rt, prompt: list[int], n: int) -> list[int]:
 def test_fidelity_against_llama_cpp_on_each_type(files, name):
     """Against the fp32 dequantization of the same file (``--quant none``), ours and llama.cpp
     (its defaults, fp16 K/V, as llama-server runs): the greedy text equals the reference's on
-    at least as many of 24 prompts as llama.cpp's does, and teacher-forced, ours is as close.
+    as many of 24 prompts as llama.cpp's does, give or take one, and teacher-forced, ours is as
+    close.
 
     A tiny random model's next-token distributions are flat, so either route's rounding flips
     some greedy picks: prompt by prompt the two differ by chance (measured: ours matched
-    13-20 of 24, llama.cpp 9-18, per type), in count ours never fell behind. On the types with
+    12-20 of 24, llama.cpp 9-18, per type). The count is a coin-flip proxy: with the 512-bit
+    attention (issue 31: another summation order for the scores) Q4_K came out 12 vs 13 while
+    its KL was 1.74e-4 vs 3.78e-4 and its top-1 0.968 vs 0.943; hence one prompt of slack,
+    and the teacher-forced figures are the measure. On the types with
     32-value blocks both quantize activations to int8 per 32, so their KL ties up to float
     summation order (within 5%); on K-quants llama.cpp's per-256 activations (q8_K) are
     coarser than ours (measured Q4_K: KL 1.8e-4 vs 3.8e-4)."""
@@ -198,7 +202,7 @@ def test_fidelity_against_llama_cpp_on_each_type(files, name):
     ours, theirs = score("ours", logits(ours_rt, toks), ref), score("llama.cpp", logits(lc, toks), ref)
     print(f"FIDELITY {name} greedy same {ours_same}/24 vs {theirs_same}/24; ours KL {ours.kl_mean:.2e} top1 "
           f"{ours.top1:.3f} | llama.cpp KL {theirs.kl_mean:.2e} top1 {theirs.top1:.3f}")
-    assert ours_same >= theirs_same
+    assert ours_same >= theirs_same - 1
     assert ours.kl_mean <= 1.05 * theirs.kl_mean and ours.top1 >= theirs.top1 - 0.02
     if name in ("Q4_K", "Q5_K"):
         assert ours.kl_mean < 0.8 * theirs.kl_mean

@@ -108,6 +108,38 @@ torch.save(out, sys.argv[1])
         assert torch.equal(a, b)
 
 
+def test_the_256_bit_attention_build_agrees(tmp_path):
+    """Issue 31: where the CPU has AVX-512, attention scores 16 keys a vector (each score one
+    FMA chain over the head dimension) and adds values four queries at a time; the 256-bit
+    build (SUPERFLUID_KERNELS_NO_AVX512) computes the same attention to float rounding, over
+    spans that are not multiples of 16, windows, and several head sizes."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import torch, sys
+from superfluid.runtimes.torch import kernels as K
+g = torch.Generator().manual_seed(11)
+out = []
+for H, Hkv, d in ((9, 3, 64), (8, 2, 32), (4, 4, 20)):
+    q, kc, vc = torch.randn(70, H, d, generator=g), torch.randn(400, Hkv, d, generator=g), torch.randn(400, Hkv, d, generator=g)
+    gather = torch.randperm(400, generator=g)[:300].expand(70, 300).contiguous()
+    lens = torch.arange(231, 301)
+    first = torch.cat([torch.zeros(60, dtype=torch.int64), torch.full((10,), 37)])
+    out.append(K.attend_decode(q, kc, vc, gather, first, lens))
+torch.save(out, sys.argv[1])
+"""
+    results = []
+    for no_512 in ("", "1"):
+        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_KERNELS_NO_AVX512=no_512)
+        path = tmp_path / f"out{no_512}.pt"
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=300)
+        results.append(torch.load(path))
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_gemv_rejects_bad_input():
     m = kernels.QMat(torch.randn(8, 64), "q8_0")
     with pytest.raises(ValueError, match="shape"):
