@@ -44,7 +44,9 @@ def gguf(tmp_path_factory):
 
 def test_threads_spin_briefly_after_a_decode(gguf):
     ms, policy = _idle_cpu_ms(gguf)
-    assert ms < 3.0, f"{ms:.1f} ms of CPU in 300 ms idle after a decode: llama.cpp's threads spin on"
+    # Spinning threads burn most of the 300 ms (up to 600 ms on two); a quiet process takes a
+    # few ms, more on a loaded machine (3.1 ms seen in a full suite run): 10 ms tells them apart.
+    assert ms < 10.0, f"{ms:.1f} ms of CPU in 300 ms idle after a decode: llama.cpp's threads spin on"
     assert policy == "-"  # set for libgomp's load only
 
 
