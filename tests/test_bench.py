@@ -11,7 +11,7 @@ import pytest
 
 from superfluid.bench import cli
 from superfluid.bench.datasets import DATASETS, TOKENS_PER_WORD, make_dataset, shared_system_prompt
-from superfluid.bench.fake_server import FakeServer
+from superfluid_testing.fake_server import FakeServer
 from superfluid.bench.serve import (
     RESULT_KEYS,
     STAT_KEYS,

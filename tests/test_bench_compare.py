@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from superfluid.bench.fake_server import FakeServer
+from superfluid_testing.fake_server import FakeServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ chunks of one fake token ("tok "), waiting ``first_delay_s`` before the first an
 asks for one. It records what the tests check: arrival times, bodies, the most requests
 in flight at once.
 
-    python -m superfluid.bench.fake_server --port 8123
+    PYTHONPATH=tests python -m superfluid_testing.fake_server --port 8123
 """
 
 from __future__ import annotations
