@@ -27,10 +27,15 @@ def test_a_failed_callback_and_a_lane_fault_carry_their_codes():
 
     eng = llm.engine
     (req,) = eng.add_request("f", llm.tokenizer.encode("fault me"), SamplingParams(max_tokens=30, ignore_eos=True))
-    while req.lane_tag is None:
+    for _ in range(50):
+        if req.lane_tag is not None:
+            break
         eng.step()
+    assert req.lane_tag is not None, "the request was never admitted"
     eng.ex.inject_fault(req.lane_tag)
-    while eng.has_work():
+    for _ in range(200):
+        if not eng.has_work():
+            break
         eng.step()
     (last,) = [d for d in eng.output.take() if d.finish_reason]
     assert last.error_code is ErrorCode.LANE_FAULT and last.finish_reason == "error"

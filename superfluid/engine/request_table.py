@@ -251,8 +251,9 @@ class RequestTable:
             req = self.running.get(tag)
             if req is not None:
                 req.prefilled += n - dropped.get(tag, 0)
-        for req in self.running.values():
-            if req.phase is Phase.PREFILLING and req.prefill_done:
+        for tag in {*tick.prefills, *(a.lane_tag for a in tick.admissions)}:  # the lanes this tick moved
+            req = self.running.get(tag)
+            if req is not None and req.phase is Phase.PREFILLING and req.prefill_done:
                 self._move(req, Phase.DECODING)
 
     def _faults(self, faults: list[abi.LaneFault]) -> None:

@@ -665,10 +665,10 @@ int sf_gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulate) {
  * Where the CPU has AVX-512 (SF_AVX512) the scores go 16 keys a vector instead: a block of keys
  * is transposed once per tile, and each score is the FMA chain over the head dimension from
  * zero, whoever shares the block; values go four queries a load at d = 64. The largest score and
- * the normalisation are vector loops (exact in any order). At a 4,096-token prompt on the
- * default model this took attention from 71.5 to 41.9 ms per layer for the last 512-row chunk; a
- * block of keys is transposed in registers (transpose16), so decode tiles of a few queries pay
- * about what they did (0.91 -> 0.97 ms per layer at 32 lanes x 400 keys, H 9 / Hkv 3). */
+ * the normalisation are vector loops (exact in any order). A block of keys is transposed in
+ * registers (transpose16). benchmarks/long_prompt.py, default model's head shape, against the
+ * 256-bit build: the last 512-row chunk of a 4,096-token prompt 33.3 vs 55.2 ms per layer, but
+ * 32 decode lanes of 400 keys 0.81 vs 0.73 ms (a tile of three queries pays for the transpose). */
 
 #define MAXQ 64   /* query vectors walking the keys together: their scores fit a part's scratch */
 #define VBLOCK 64 /* values per block: 16 KiB at d = 64, in L1 while every query of the tile adds them */
