@@ -88,23 +88,28 @@ def test_parts_of_several_kinds_stack_into_one_product():
         QCat([parts[0], QMat(torch.randn(8, 64), "q8_0")])  # K differs
 
 
-def test_every_kind_is_the_same_in_the_portable_and_avx2_builds(tmp_path):
-    """The plain C tiles and the AVX2 (and VNNI, on this CPU) ones give the same bits."""
+def test_every_kind_is_the_same_in_the_portable_avx2_and_wide_builds(tmp_path):
+    """The plain C tiles, the 256-bit AVX2 (and VNNI) ones and the 512-bit wide tiles (two
+    groups a vector, up to 8 x rows: where the CPU has AVX-512) give the same bits: 19 and 45
+    rows (a pair of groups, then a lone or partial one), 1 to 13 x rows, a stack of parts."""
     script = """
 import sys, numpy as np, torch
 from gguf import GGMLQuantizationType as Q
 sys.path.insert(0, sys.argv[2])
 from test_gguf_native import TYPES, random_blocks
 from superfluid.runtimes.torch import kernels as K
-from superfluid.runtimes.torch.qmat import QMat
-x = torch.randn(5, 512, generator=torch.Generator().manual_seed(3))
-torch.save([K.gemv(x, QMat.from_gguf(random_blocks(t, 19, 512, 1), t, 512)) for t in TYPES], sys.argv[1])
+from superfluid.runtimes.torch.qmat import QCat, QMat
+g = torch.Generator().manual_seed(3)
+xs = [torch.randn(m, 512, generator=g) for m in (1, 5, 8, 13)]
+mats = [QMat.from_gguf(random_blocks(t, n, 512, 1), t, 512) for t in TYPES for n in (19, 45)]
+mats.append(QCat([QMat.from_gguf(random_blocks(t, n, 512, 2), t, 512) for t, n in ((Q.Q4_K, 20), (Q.Q6_K, 9), (Q.Q8_0, 24))]))
+torch.save([K.gemv(x, m) for m in mats for x in xs], sys.argv[1])
 """
     out = []
-    for portable, no_vnni in (("", ""), ("1", ""), ("", "1")):
+    for portable, no_vnni, no_512 in (("", "", ""), ("1", "", ""), ("", "1", ""), ("", "", "1")):
         env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_PORTABLE_KERNELS=portable,
-                   SUPERFLUID_KERNELS_NO_VNNI=no_vnni)
-        path = tmp_path / f"out{portable}{no_vnni}.pt"
+                   SUPERFLUID_KERNELS_NO_VNNI=no_vnni, SUPERFLUID_KERNELS_NO_AVX512=no_512)
+        path = tmp_path / f"out{portable}{no_vnni}{no_512}.pt"
         subprocess.run([sys.executable, "-c", script, str(path), os.path.dirname(__file__)], env=env, check=True,
                        timeout=300)
         out.append(torch.load(path))

@@ -269,14 +269,19 @@ def _json(rng: random.Random, n: int, output_len: int) -> list[BenchRequest]:
     return out
 
 
-def _long(rng: random.Random, n: int, output_len: int) -> list[BenchRequest]:
-    """A ~2,000-token document of its own per request, then a question: prefill-bound."""
+# long prompts: dataset name -> approximate prompt tokens (SmolLM2's tokenizer); long-8k stays
+# inside an 8,192-token context with its output
+LONG = {"long": 2000, "long-4k": 4000, "long-8k": 7800}
+
+
+def _long(rng: random.Random, n: int, output_len: int, kind: str = "long") -> list[BenchRequest]:
+    """A document of its own per request (LONG[kind] tokens), then a question: prefill-bound."""
     out = []
     for _ in range(n):
-        doc = prose(rng, 2120)  # ~2,000 tokens with the SmolLM2 tokenizer
+        doc = prose(rng, round(LONG[kind] * 1.06))  # ~1.06 words a token with the SmolLM2 tokenizer
         ask = f"Using the document above, {rng.choice(_CHAT_ASKS).format(t=rng.choice(_TOPICS)).lower()}"
         out.append(BenchRequest(messages=({"role": "user", "content": f"{doc}\n\n{ask}"},), max_tokens=output_len,
-                                kind="long", meta={"approx_prompt_tokens": 2000}))
+                                kind=kind, meta={"approx_prompt_tokens": LONG[kind]}))
     return out
 
 
@@ -301,7 +306,7 @@ def _multi_turn(rng: random.Random, n: int, output_len: int, turns: int = 4) -> 
     return out
 
 
-DATASETS = ("chat", "shared-prefix", "shared-prefix-nocache", "grounded", "json", "long", "multi-turn")
+DATASETS = ("chat", "shared-prefix", "shared-prefix-nocache", "grounded", "json", *LONG, "multi-turn")
 
 
 def make_dataset(name: str, n: int, seed: int = 0, output_len: int = 128) -> list[BenchRequest]:
@@ -317,8 +322,8 @@ def make_dataset(name: str, n: int, seed: int = 0, output_len: int = 128) -> lis
         return _grounded(rng, n, output_len)
     if name == "json":
         return _json(rng, n, output_len)
-    if name == "long":
-        return _long(rng, n, output_len)
+    if name in LONG:
+        return _long(rng, n, output_len, name)
     if name == "multi-turn":
         return _multi_turn(rng, n, output_len)
     raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")

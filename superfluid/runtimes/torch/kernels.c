@@ -7,7 +7,9 @@
  *   for K-quants), so the inner product is integer (AVX2 maddubs or VNNI) and a token
  *   streams ~0.56-1.06 bytes per weight instead of 4 (fp32). Single-row decode is
  *   memory-bound; this is what makes it fast. A fused matrix may stack parts of several
- *   kinds (sf_qcat).
+ *   kinds (sf_qcat). Where the CPU has AVX-512 (BW), two groups of weight rows go in one
+ *   512-bit vector against up to 8 x rows ("wide tiles"): the many-row steps (prefill, many
+ *   lanes) reuse each x broadcast and each unpacked weight more, with the same bits.
  * - sf_attend_decode: one query token per sequence against its keys in the paged KV pool
  *   (cells gathered by index), fp32, softmax with the running maximum subtracted.
  * - sf_rms_norm, sf_rope_kv (RoPE on q and k, k and v stored in their cells), sf_silu_mul.
@@ -483,6 +485,157 @@ static inline __attribute__((always_inline)) void tile_q6_k(const group_ptrs *w,
 }
 #endif
 
+#if SF_AVX512 && defined(__AVX512BW__)
+#define SF_WIDE 1
+/* ------------------------------------------------------------------ wide tiles
+ *
+ * Many-row steps (prefill, many lanes, draft verification): two groups side by side in one
+ * 512-bit vector (16 weight rows: group g in lanes 0-7, g + 1 in 8-15) against up to MW x
+ * rows, so each x broadcast feeds 16 rows and each unpacked weight MW rows. Every lane does
+ * exactly the operations its row does in the 256-bit tiles above (the same integer sums,
+ * then the same cvt, mul and fma per block in block order), so a row's bits do not depend
+ * on which tile computed it: batch invariance holds across both. */
+#define MW 8 /* x rows per wide tile */
+#ifndef WIDE_ROWS
+#define WIDE_ROWS 1 /* x rows from which a step takes the wide tiles */
+#endif
+#if defined(__AVX512VNNI__) && !defined(SF_NO_VNNI)
+#define SF_DPBUSD512(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
+#else /* exact as above: |u x s| pair sums stay within int16 for every kind's operands */
+#define SF_DPBUSD512(acc, u, s) _mm512_add_epi32((acc), _mm512_madd_epi16(_mm512_maddubs_epi16((u), (s)), _mm512_set1_epi16(1)))
+#endif
+
+static inline __m512i pair256(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+static inline __m512 pair_half8(const uint16_t *a, const uint16_t *b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                   _mm_loadu_si128((const __m128i *)b), 1));
+}
+
+static inline __m128i pair64(const void *a, const void *b) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a), _mm_loadl_epi64((const __m128i *)b));
+}
+
+static inline __m512 pair_u8x8(const uint8_t *a, const uint8_t *b) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(pair64(a, b)));
+}
+
+static inline __m512i bcast4w(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+static inline __attribute__((always_inline)) void wide_q8_0(const group_ptrs *w0, const group_ptrs *w1, int nb,
+                                                             const int8_t *xq, const float *xd, size_t K, int mt,
+                                                             float *out) {
+    __m512 acc[MW];
+    for (int m = 0; m < mt; m++) acc[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i s[MW];
+        for (int m = 0; m < mt; m++) s[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            __m512i v = pair256(w0->q + (size_t)b * 256 + 32 * j, w1->q + (size_t)b * 256 + 32 * j);
+            __m512i aw = _mm512_abs_epi8(v); /* |w| as u8 (-128 -> 128); x takes w's sign below */
+            __mmask64 neg = _mm512_movepi8_mask(v);
+            for (int m = 0; m < mt; m++) {
+                __m512i x = bcast4w(xq + m * K + (size_t)b * QK + 4 * j);
+                /* sign_epi8(x, v) where w != 0; where w = 0 the product is 0 either way */
+                s[m] = SF_DPBUSD512(s[m], aw, _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x));
+            }
+        }
+        __m512 d = pair_half8(w0->d + (size_t)b * R, w1->d + (size_t)b * R);
+        for (int m = 0; m < mt; m++)
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m]), _mm512_mul_ps(d, _mm512_set1_ps(xd[m * nb + b])), acc[m]);
+    }
+    for (int m = 0; m < mt; m++) _mm512_storeu_ps(out + m * 2 * R, acc[m]);
+}
+
+static inline __attribute__((always_inline)) void wide_qmin(int kind, const group_ptrs *w0, const group_ptrs *w1,
+                                                             int nb, const int8_t *xq, const float *xd,
+                                                             const float *xs, size_t K, int mt, float *out) {
+    const __m512i low = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16);
+    const int high = kind == SF_Q5_1 || kind == SF_Q5_K, ks = kind_k(kind);
+    __m512 acc[MW], macc[MW];
+    for (int m = 0; m < mt; m++) acc[m] = macc[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i s[MW], hb = _mm512_setzero_si512();
+        for (int m = 0; m < mt; m++) s[m] = _mm512_setzero_si512();
+        if (high) hb = pair256(w0->qh + (size_t)b * 32, w1->qh + (size_t)b * 32);
+        for (int j = 0; j < 4; j++) {
+            __m512i v = pair256(w0->q + (size_t)b * 128 + 32 * j, w1->q + (size_t)b * 128 + 32 * j);
+            __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            if (high) { /* bit 4 is clear in lo and hi: adding 16 sets it */
+                lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << j))), lo, sixteen);
+                hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(16 << j))), hi, sixteen);
+            }
+            for (int m = 0; m < mt; m++) {
+                const int8_t *x = xq + m * K + (size_t)b * QK + 4 * j;
+                s[m] = SF_DPBUSD512(s[m], lo, bcast4w(x));
+                s[m] = SF_DPBUSD512(s[m], hi, bcast4w(x + 16));
+            }
+        }
+        __m512 d, mn;
+        if (ks) {
+            d = _mm512_mul_ps(pair_half8(w0->d + (size_t)(b / 8) * R, w1->d + (size_t)(b / 8) * R),
+                              pair_u8x8(w0->sc + (size_t)b * R, w1->sc + (size_t)b * R));
+            mn = _mm512_mul_ps(pair_half8(w0->m + (size_t)(b / 8) * R, w1->m + (size_t)(b / 8) * R),
+                               pair_u8x8(w0->mn + (size_t)b * R, w1->mn + (size_t)b * R));
+        } else {
+            d = pair_half8(w0->d + (size_t)b * R, w1->d + (size_t)b * R);
+            mn = pair_half8(w0->m + (size_t)b * R, w1->m + (size_t)b * R);
+        }
+        for (int m = 0; m < mt; m++) {
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[m]), _mm512_mul_ps(d, _mm512_set1_ps(xd[m * nb + b])), acc[m]);
+            macc[m] = ks ? _mm512_fnmadd_ps(mn, _mm512_set1_ps(xs[m * nb + b]), macc[m])
+                         : _mm512_fmadd_ps(mn, _mm512_set1_ps(xs[m * nb + b]), macc[m]);
+        }
+    }
+    for (int m = 0; m < mt; m++) _mm512_storeu_ps(out + m * 2 * R, _mm512_add_ps(acc[m], macc[m]));
+}
+
+static inline __attribute__((always_inline)) void wide_q6_k(const group_ptrs *w0, const group_ptrs *w1, int nb,
+                                                             const int8_t *xq, const float *xd, const int32_t *x16,
+                                                             size_t K, int mt, float *out) {
+    const __m512i low = _mm512_set1_epi8(0x0f), three = _mm512_set1_epi8(3);
+    __m512 acc[MW];
+    for (int m = 0; m < mt; m++) acc[m] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i s0[MW], s1[MW];
+        for (int m = 0; m < mt; m++) s0[m] = s1[m] = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            __m512i v = pair256(w0->q + (size_t)b * 128 + 32 * j, w1->q + (size_t)b * 128 + 32 * j);
+            __m512i h = pair256(w0->qh + (size_t)b * 64 + 32 * (j >> 1), w1->qh + (size_t)b * 64 + 32 * (j >> 1));
+            int sh = 4 * (j & 1);
+            __m512i lo = _mm512_or_si512(_mm512_and_si512(v, low),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, sh), three), 4));
+            __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), low),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, sh + 2), three), 4));
+            for (int m = 0; m < mt; m++) {
+                const int8_t *x = xq + m * K + (size_t)b * QK + 4 * j;
+                s0[m] = SF_DPBUSD512(s0[m], lo, bcast4w(x));
+                s1[m] = SF_DPBUSD512(s1[m], hi, bcast4w(x + 16));
+            }
+        }
+        __m512i c0 = _mm512_cvtepi8_epi32(pair64(w0->sc + (size_t)b * 2 * R, w1->sc + (size_t)b * 2 * R));
+        __m512i c1 = _mm512_cvtepi8_epi32(pair64(w0->sc + (size_t)b * 2 * R + R, w1->sc + (size_t)b * 2 * R + R));
+        __m512 d = pair_half8(w0->d + (size_t)(b / 8) * R, w1->d + (size_t)(b / 8) * R);
+        for (int m = 0; m < mt; m++) {
+            const int32_t *o = x16 + (size_t)m * 2 * nb + 2 * b;
+            __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(c0, _mm512_sub_epi32(s0[m], _mm512_set1_epi32(32 * o[0]))),
+                                         _mm512_mullo_epi32(c1, _mm512_sub_epi32(s1[m], _mm512_set1_epi32(32 * o[1]))));
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(d, _mm512_set1_ps(xd[m * nb + b])), acc[m]);
+        }
+    }
+    for (int m = 0; m < mt; m++) _mm512_storeu_ps(out + m * 2 * R, acc[m]);
+}
+#else
+#define SF_WIDE 0
+#endif
+
 /* Row i's value k (0..31) of block b in a 4-bit plane (plus its high bits), as unsigned. */
 static inline int plane_value(int kind, const group_ptrs *w, int b, int i, int k) {
     int j = (k % 16) / 4, t = k % 4, up = k >= 16;
@@ -572,10 +725,51 @@ static void tile(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, fl
     tile_plain(w->kind, &p, nb, xq, xd, xs, x16, (size_t)t->K, mt, out);
 }
 
+#if SF_WIDE
+/* Groups g and g + 1 of w (both within it) against x rows [m0, m0 + mt), mt <= MW: out [mt][16]. */
+static void wide(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, float *out) {
+    int nb = t->K / QK;
+    const int8_t *xq = t->xq + (size_t)m0 * t->K;
+    const float *xd = t->xd + (size_t)m0 * nb, *xs = t->xs + (size_t)m0 * nb;
+    const int32_t *x16 = t->x16 + (size_t)m0 * 2 * nb;
+    group_ptrs p0 = group_of(w, (size_t)g), p1 = group_of(w, (size_t)g + 1);
+#define SF_WIDE_TILE(n)                                                                                \
+    case n:                                                                                            \
+        switch (w->kind) {                                                                             \
+        case SF_Q8_0: wide_q8_0(&p0, &p1, nb, xq, xd, (size_t)t->K, n, out); return;                   \
+        case SF_Q4_1: wide_qmin(SF_Q4_1, &p0, &p1, nb, xq, xd, xs, (size_t)t->K, n, out); return;      \
+        case SF_Q5_1: wide_qmin(SF_Q5_1, &p0, &p1, nb, xq, xd, xs, (size_t)t->K, n, out); return;      \
+        case SF_Q4_K: wide_qmin(SF_Q4_K, &p0, &p1, nb, xq, xd, xs, (size_t)t->K, n, out); return;      \
+        case SF_Q5_K: wide_qmin(SF_Q5_K, &p0, &p1, nb, xq, xd, xs, (size_t)t->K, n, out); return;      \
+        case SF_Q6_K: wide_q6_k(&p0, &p1, nb, xq, xd, x16, (size_t)t->K, n, out); return;               \
+        }                                                                                              \
+        break;
+    switch (mt) {
+        SF_WIDE_TILE(1)
+        SF_WIDE_TILE(2)
+        SF_WIDE_TILE(3)
+        SF_WIDE_TILE(4)
+        SF_WIDE_TILE(5)
+        SF_WIDE_TILE(6)
+        SF_WIDE_TILE(7)
+        SF_WIDE_TILE(8)
+    }
+#undef SF_WIDE_TILE
+}
+#endif
+
+/* y rows [m0, m0 + mt) at column col += or = out [mt][stride] (its first `rows` lanes). */
+static inline void put_rows(const gemv_task *t, int m0, int mt, size_t col, int rows, const float *out, int stride) {
+    for (int m = 0; m < mt; m++) {
+        float *y = t->y + (size_t)(m0 + m) * t->N + col;
+        for (int i = 0; i < rows; i++) y[i] = t->accumulate ? y[i] + out[m * stride + i] : out[m * stride + i];
+    }
+}
+
 static void gemv_part(void *p, int part, int parts) {
     const gemv_task *t = p;
     int lo, hi;
-    split(t->G, part, parts, 1, &lo, &hi);
+    split(t->G, part, parts, SF_WIDE ? 2 : 1, &lo, &hi);
     float out[MT * R];
     int k = 0, g0 = 0, col = 0; /* the part holding group lo: its first group and column */
     while (k < t->w->n - 1 && lo >= g0 + (t->w->p[k].N + R - 1) / R) {
@@ -593,13 +787,24 @@ static void gemv_part(void *p, int part, int parts) {
             g = gg - g0;
         }
         int rows = w->N - g * R < R ? w->N - g * R : R;
+#if SF_WIDE
+        if (t->M >= WIDE_ROWS && gg + 1 < hi && (g + 1) * R < w->N) { /* g and g + 1 together */
+            float wout[MW * 2 * R];
+            int rows1 = w->N - (g + 1) * R < R ? w->N - (g + 1) * R : R;
+            for (int m0 = 0; m0 < t->M; m0 += MW) {
+                int mt = t->M - m0 < MW ? t->M - m0 : MW;
+                wide(t, w, g, m0, mt, wout);
+                put_rows(t, m0, mt, col + (size_t)g * R, R, wout, 2 * R);
+                put_rows(t, m0, mt, col + (size_t)(g + 1) * R, rows1, wout + R, 2 * R);
+            }
+            gg++;
+            continue;
+        }
+#endif
         for (int m0 = 0; m0 < t->M; m0 += MT) {
             int mt = t->M - m0 < MT ? t->M - m0 : MT;
             tile(t, w, g, m0, mt, out);
-            for (int m = 0; m < mt; m++) {
-                float *y = t->y + (size_t)(m0 + m) * t->N + col + (size_t)g * R;
-                for (int i = 0; i < rows; i++) y[i] = t->accumulate ? y[i] + out[m * R + i] : out[m * R + i];
-            }
+            put_rows(t, m0, mt, col + (size_t)g * R, rows, out, R);
         }
     }
 }
