@@ -26,6 +26,7 @@ from gguf.quants import dequantize
 from superfluid.bench.fidelity import logits, score
 from superfluid.runtimes.base import Feed
 from superfluid.runtimes.torch import TorchRuntime, kernels, native
+from superfluid.runtimes.torch.gguf_weights import load_gguf
 from superfluid.runtimes.torch.qmat import NATIVE, QCat, QMat
 from superfluid_testing.tiny import TinyModel, quantize_tensor
 
@@ -134,8 +135,14 @@ def test_each_type_loads_as_it_is_on_the_default_route(files, name):
     model = rt.model
     assert rt.quant == "gguf" and rt.desc.batch_invariant
     mats = [m for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)] + [model.lm_head]
-    for m in mats:  # the kernel multiplies by the file's own numbers (requantized: only F16 parts)
-        assert torch.equal(m.q.dequantize(), m.w) or any(p.source is None for p in m.q.parts)
+    _, t = load_gguf(files[name])  # the loader's floats: the file's numbers
+    floats = [w for i in range(len(model.layers)) for w in (
+        torch.cat([t[f"layers.{i}.{n}"] for n in "qkv"]), t[f"layers.{i}.o"],
+        torch.cat([t[f"layers.{i}.gate"], t[f"layers.{i}.up"]]), t[f"layers.{i}.down"])] + [t.get("lm_head", t["embed"])]
+    for m, w in zip(mats, floats):  # the kernel multiplies by the file's own numbers (requantized: only F16 parts)
+        assert torch.equal(m.q.dequantize(), w) or any(p.source is None for p in m.q.parts)
+    # every product runs on the kernels: no float copy of a layer matrix is held (4 bytes a weight)
+    assert all(m._w is None for m in mats[:-1])
     route = rt.desc.runtime_id.split(":det:gguf:")[1]
     qtype, mix = FILES[name]
     expected = {qtype.name, *(t.name for t in mix.values() if t in NATIVE)} | {"F16>q8_0" for t in mix.values()

@@ -10,6 +10,8 @@ native route (native.py).
 
 from __future__ import annotations
 
+import math
+
 from functools import partial
 
 import torch
@@ -31,12 +33,20 @@ class Mat:
     for the native kernels' decode-sized products (``quant``; ``src``: the matrix's source,
     with the file's blocks where it has them: quantized.py)."""
 
-    __slots__ = ("w", "w16", "q")
+    __slots__ = ("_w", "w16", "q")
 
-    def __init__(self, w: torch.Tensor, gemv16: bool, quant: str | None = None, src: Src | None = None):
-        self.w = w
+    def __init__(self, w: torch.Tensor, gemv16: bool, quant: str | None = None, src: Src | None = None,
+                 keep_float: bool = True):
         self.w16 = w.to(torch.bfloat16).contiguous() if gemv16 and not quant else None
         self.q = (src or Src.of(w)).qmat(quant) if quant else None
+        # Where every product runs on the native kernels (keep_float False: the default route)
+        # the float copy is never read, and it is 4 bytes a weight (a 1B model's 5 GB): not held.
+        self._w = w if keep_float or self.q is None else None
+
+    @property
+    def w(self) -> torch.Tensor:
+        """The float weights; on the all-native route the kernel's own weights, dequantized when asked."""
+        return self._w if self._w is not None else self.q.dequantize()
 
 
 def linear(x: torch.Tensor, m: Mat, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,7 +85,8 @@ class Llama:
         put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
         blocks = blocks or {}
         src = lambda key: Src.of(tensors[key], blocks.get(key))  # noqa: E731
-        mat = lambda s: Mat(put(s.w), gemv16, quant, s)  # noqa: E731
+        keep = not quant or self.qrows != math.inf  # else no product reads a matrix's floats
+        mat = lambda s: Mat(put(s.w), gemv16, quant, s, keep)  # noqa: E731
         self.embed = put(tensors["embed"])  # [V, D]
         self.norm = put(tensors["norm"])
         # On the file's route the LM head is in the file's own type (llama.cpp's 4-bit files
@@ -84,7 +95,7 @@ class Llama:
         head_quant = (FILE_ROUTE if quant == FILE_ROUTE else "q8_0") if quant else None
         head = "embed" if cfg.tie_embeddings else "lm_head"
         self.lm_head = Mat(self.embed if cfg.tie_embeddings else put(tensors["lm_head"]), gemv16, head_quant,
-                           src(head))  # [V, D]
+                           src(head), keep or cfg.tie_embeddings)  # [V, D]; tied: the embedding table, kept anyway
         self.layers = [self._layer(cfg, tensors, i, put, mat, src) for i in range(cfg.n_layers)]
         # the native route's name: the types its matrices run in ("Q4_K+Q6_K", "F16>q8_0")
         self.route = route_label([m.q for L in self.layers for m in _mats(L)] + [self.lm_head.q]) if quant else None
