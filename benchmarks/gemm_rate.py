@@ -7,7 +7,7 @@ model's FFN up/gate [3072, 576] and down [576, 1536]; with --shape 1b Llama-3.2-
 multiply-adds a second; a type whose block does not divide K is skipped) on every core the kernels use. Each build runs in its own process
 (the library is built per setting and loaded once).
 
-    .venv/bin/python benchmarks/gemm_rate.py [--rows 1,4,32,128,512] [--shape default|1b] [--repeats 5]
+    .venv/bin/python benchmarks/gemm_rate.py [--rows 1,4,32,128,512] [--shape default|1b] [--repeats 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def measure(shape: str, rows: list[int], repeats: int) -> dict:
+def measure(shape: str, rows: list[int], repeats: int, threads: int) -> dict:
     """This process's build: {type: {"N x K": {M: GMAC/s}}}."""
     import numpy as np
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)  # the kernels' pool follows torch's thread count
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
     from superfluid.runtimes.torch import kernels
@@ -78,24 +81,25 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,32,128,512")
     ap.add_argument("--shape", default="default", choices=sorted(SHAPES))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="threads (default: torch's, every core)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
     if a.worker:
-        print(json.dumps(measure(a.shape, rows, a.repeats)))
+        print(json.dumps(measure(a.shape, rows, a.repeats, a.threads)))
         return
     builds = {"256-bit": {"SUPERFLUID_KERNELS_NO_AVX512": "1"}, "default": {"SUPERFLUID_KERNELS_NO_AVX512": ""}}
     got = {}
     for build, env in builds.items():
         proc = subprocess.run([sys.executable, __file__, "--worker", "--rows", a.rows, "--shape", a.shape,
-                               "--repeats", str(a.repeats)], env=dict(os.environ, **env), capture_output=True,
+                               "--repeats", str(a.repeats), "--threads", str(a.threads)], env=dict(os.environ, **env), capture_output=True,
                               text=True, check=True)
         got[build] = json.loads(proc.stdout)
-    result = {"cpu": cpu_name(), "cores": os.cpu_count(), "shape": a.shape, "rows": rows, "gmac_s": got,
+    result = {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": a.threads or None, "shape": a.shape, "rows": rows, "gmac_s": got,
               "ratio_default_over_256": {t: {s: {m: got["default"][t][s][m] / got["256-bit"][t][s][m] for m in v}
                                              for s, v in got["256-bit"][t].items()} for t in got["256-bit"]}}
-    path = Path(a.out or Path(__file__).with_name("results") / f"gemm_rate_{a.shape}.json")
+    path = Path(a.out or Path(__file__).with_name("results") / f"gemm_rate_{a.shape}{f'_t{a.threads}' if a.threads else ''}.json")
     path.write_text(json.dumps(result, indent=1))
     print(f"{result['cpu']}, {result['cores']} cores; GMAC/s default (256-bit), ratio")
     for t, shapes in got["default"].items():
