@@ -122,7 +122,7 @@ import torch, sys
 from superfluid.runtimes.torch import kernels as K
 g = torch.Generator().manual_seed(11)
 out = []
-for H, Hkv, d in ((9, 3, 64), (8, 2, 32), (4, 4, 20)):
+for H, Hkv, d in ((9, 3, 64), (8, 2, 32), (4, 4, 20), (16, 8, 128)):
     q, kc, vc = torch.randn(70, H, d, generator=g), torch.randn(400, Hkv, d, generator=g), torch.randn(400, Hkv, d, generator=g)
     gather = torch.randperm(400, generator=g)[:300].expand(70, 300).contiguous()
     lens = torch.arange(231, 301)
@@ -181,7 +181,7 @@ def test_attend_decode_matches_reference(H, Hkv, d):
     assert torch.allclose(out, reference_attend(q, kc, vc, gather, first, lens), atol=2e-6)
 
 
-@pytest.mark.parametrize("H,Hkv,d", [(9, 3, 64), (8, 1, 32), (4, 4, 20), (128, 1, 16)])
+@pytest.mark.parametrize("H,Hkv,d", [(9, 3, 64), (8, 1, 32), (4, 4, 20), (128, 1, 16), (16, 8, 128)])
 def test_tiled_rows_equal_rows_attended_alone(H, Hkv, d):
     """Issue 31: rows over one sequence's keys (a prefill chunk, a draft) walk the keys as a
     tile; each row must come out bit-identical to itself attended alone, whatever shares its

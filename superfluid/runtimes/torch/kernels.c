@@ -869,7 +869,7 @@ int sf_gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulate) {
  *
  * Where the CPU has AVX-512 (SF_AVX512) the scores go 16 keys a vector instead: a block of keys
  * is transposed once per tile, and each score is the FMA chain over the head dimension from
- * zero, whoever shares the block; values go four queries a load at d = 64. The largest score and
+ * zero, whoever shares the block; values go four queries a load where d is a multiple of 64. The largest score and
  * the normalisation are vector loops (exact in any order). A block of keys is transposed in
  * registers (transpose16). benchmarks/long_prompt.py, default model's head shape, against the
  * 256-bit build: the last 512-row chunk of a 4,096-token prompt 33.3 vs 55.2 ms per layer, but
@@ -1025,14 +1025,16 @@ static void tile_scores(attn_query *qs, int n, const float *kc, const int64_t *g
  * for every query whose span reaches it; each query's accumulators live in its output between
  * blocks (64 lanes in registers within one). */
 #if SF_AVX512
-/* Four queries' outputs at d = 64 over keys [l0, l1) (within every one's span), each value row
- * loaded once for all four: o += w[l] v(g[l]) in key order, as one query alone would add them. */
-static void values4_d64(attn_query *qs, int l0, int l1, const float *vc, const int64_t *g, int Hkv, int kh) {
+/* Four queries' output lanes [c0, c0 + 64) (d a multiple of 64) over keys [l0, l1) (within
+ * every one's span), each value row loaded once for all four: o += w[l] v(g[l]) in key order,
+ * as one query alone would add them (each lane its own chain: the lanes may go in any grouping). */
+static void values4_d64(attn_query *qs, int l0, int l1, const float *vc, const int64_t *g, int Hkv, int kh, int d,
+                        int c0) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
-        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_loadu_ps(qs[r].o + 16 * i);
+        for (int i = 0; i < 4; i++) acc[r][i] = _mm512_loadu_ps(qs[r].o + c0 + 16 * i);
     for (int l = l0; l < l1; l++) {
-        const float *v = vc + ((size_t)g[l] * Hkv + kh) * 64;
+        const float *v = vc + ((size_t)g[l] * Hkv + kh) * d + c0;
         __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16), v2 = _mm512_loadu_ps(v + 32),
                v3 = _mm512_loadu_ps(v + 48);
         for (int r = 0; r < 4; r++) {
@@ -1044,7 +1046,7 @@ static void values4_d64(attn_query *qs, int l0, int l1, const float *vc, const i
         }
     }
     for (int r = 0; r < 4; r++)
-        for (int i = 0; i < 4; i++) _mm512_storeu_ps(qs[r].o + 16 * i, acc[r][i]);
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(qs[r].o + c0 + 16 * i, acc[r][i]);
 }
 #endif
 
@@ -1057,7 +1059,7 @@ static void tile_values(attn_query *qs, int n, const float *vc, const int64_t *g
         memset(qs[r].o, 0, sizeof(float) * (size_t)d);
     }
 #if SF_AVX512
-    if (d == 64) {
+    if (d % 64 == 0) { /* d = 64, 128, 256: each 64-lane slice on its own */
         /* Groups of four walk a block of keys together as far as all four spans reach, then each
          * finishes the block alone: every output lane still adds its keys in order. */
         for (int l0 = 0; l0 < Lmax; l0 += VBLOCK) {
@@ -1065,7 +1067,8 @@ static void tile_values(attn_query *qs, int n, const float *vc, const int64_t *g
             for (; r + 4 <= n; r += 4) {
                 int l1 = l0 + VBLOCK;
                 for (int i = 0; i < 4; i++) l1 = qs[r + i].L < l1 ? qs[r + i].L : l1;
-                if (l1 > l0) values4_d64(qs + r, l0, l1, vc, g, Hkv, kh);
+                if (l1 > l0)
+                    for (int c0 = 0; c0 < d; c0 += 64) values4_d64(qs + r, l0, l1, vc, g, Hkv, kh, d, c0);
                 for (int i = 0; i < 4; i++) {
                     int e = l0 + VBLOCK < qs[r + i].L ? l0 + VBLOCK : qs[r + i].L;
                     values_one(&qs[r + i], l1 > l0 ? l1 : l0, e, vc, g, Hkv, kh, d);
