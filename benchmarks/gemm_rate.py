@@ -15,25 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from compare import cpu_name  # benchmarks/compare.py (this folder is on sys.path when run as a script)
+
 SHAPES = {"default": [(3072, 576), (576, 1536)], "1b": [(16384, 2048), (2048, 8192)]}
 TYPES = ["Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure(shape: str, rows: list[int], repeats: int, threads: int) -> dict:
