@@ -495,10 +495,7 @@ static inline __attribute__((always_inline)) void tile_q6_k(const group_ptrs *w,
  * exactly the operations its row does in the 256-bit tiles above (the same integer sums,
  * then the same cvt, mul and fma per block in block order), so a row's bits do not depend
  * on which tile computed it: batch invariance holds across both. */
-#define MW 8 /* x rows per wide tile */
-#ifndef WIDE_ROWS
-#define WIDE_ROWS 1 /* x rows from which a step takes the wide tiles */
-#endif
+#define MW 8 /* x rows per wide tile (used at any row count: one row gains from it too) */
 #if defined(__AVX512VNNI__) && !defined(SF_NO_VNNI)
 #define SF_DPBUSD512(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
 #else /* exact as above: |u x s| pair sums stay within int16 for every kind's operands */
@@ -788,7 +785,7 @@ static void gemv_part(void *p, int part, int parts) {
         }
         int rows = w->N - g * R < R ? w->N - g * R : R;
 #if SF_WIDE
-        if (t->M >= WIDE_ROWS && gg + 1 < hi && (g + 1) * R < w->N) { /* g and g + 1 together */
+        if (gg + 1 < hi && (g + 1) * R < w->N) { /* g and g + 1 together */
             float wout[MW * 2 * R];
             int rows1 = w->N - (g + 1) * R < R ? w->N - (g + 1) * R : R;
             for (int m0 = 0; m0 < t->M; m0 += MW) {
