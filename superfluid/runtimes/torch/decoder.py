@@ -35,6 +35,7 @@ class Experts:
     wdown: list  # per expert Mat [D, F]
     used: int  # experts per token
     renormalise: bool  # the top weights divided by their sum
+    native: object = None  # kernels.moe_struct's C view, built on first use
 
 
 @dataclass
@@ -86,6 +87,9 @@ class Kernels(Protocol):
 
     def gate(self, gu: torch.Tensor, activation: str) -> torch.Tensor: ...  # [T, 2F] -> act(gate) * up [T, F]
 
+    def experts(self, h: torch.Tensor, E: Experts, activation: str) -> torch.Tensor: ...
+    # the mixture-of-experts feed-forward of h [T, D], before the residual add: experts() below
+
 
 def _qk_norm(k: Kernels, qkv: torch.Tensor, L: Layer, H: int, Hkv: int, d: int) -> torch.Tensor:
     """q and k of qkv normed (per head when the weight is [d], over all heads when [H d]); v as is."""
@@ -108,7 +112,7 @@ def _sublayer_out(k: Kernels, x: torch.Tensor, y: torch.Tensor, m, post: torch.T
     return x + (out * o.residual_scale if o.residual_scale != 1.0 else out)
 
 
-def _experts(k: Kernels, h: torch.Tensor, E: Experts, activation: str) -> torch.Tensor:
+def experts(k: Kernels, h: torch.Tensor, E: Experts, activation: str) -> torch.Tensor:
     """The mixture-of-experts feed-forward of h [T, D] (before the down's residual add), as
     transformers: softmax over the router's logits in float32, the top ``used``, optionally
     renormalised; each expert runs once over the rows routed to it, weighted, summed in."""
@@ -141,7 +145,7 @@ def layer(k: Kernels, x: torch.Tensor, L: Layer, kc: torch.Tensor, vc: torch.Ten
     x = _sublayer_out(k, x, a.reshape(T, -1), L.wo, L.post_attn_norm, o)
     h = k.norm(x, L.ffn_norm) if L.ffn_norm is not None else x
     if L.experts is not None:
-        ffn = _experts(k, h, L.experts, o.activation)
+        ffn = k.experts(h, L.experts, o.activation)
         if L.post_ffn_norm is not None:
             ffn = k.norm(ffn, L.post_ffn_norm)
         return x + (ffn * o.residual_scale if o.residual_scale != 1.0 else ffn)

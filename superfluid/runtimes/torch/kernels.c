@@ -13,6 +13,7 @@
  * - sf_attend_decode: one query token per sequence against its keys in the paged KV pool
  *   (cells gathered by index), fp32, softmax with the running maximum subtracted.
  * - sf_rms_norm, sf_rope_kv (RoPE on q and k, k and v stored in their cells), sf_silu_mul.
+ * - sf_experts: a mixture-of-experts feed-forward (routing, the step's rows grouped by expert).
  * - sf_decode: every layer of a step with the functions above (decoder.layer in C), one call a step.
  *
  * Without AVX2/FMA (or when built portable) every kernel has a plain C path.
@@ -1331,16 +1332,120 @@ void sf_silu_mul(const float *gu, int T, int F, float *out) {
     }
 }
 
+/* ------------------------------------------------------- mixture of experts */
+
+typedef struct {
+    int E, used, renorm, F; /* experts, experts per token, top weights renormalised, an expert's ffn width */
+    sf_qcat router;         /* [E, D] */
+    const sf_qcat *gu, *down; /* per expert: [2F, D] gate rows then up rows; [D, F] */
+} sf_moe;
+
+static int qcat_rows(const sf_qcat *w) {
+    int N = 0;
+    for (int k = 0; k < w->n; k++) N += w->p[k].N;
+    return N;
+}
+
+/* The routing of one row, as transformers: softmax over the router's logits in fp32, the
+ * `used` largest (ties to the lower expert), optionally divided by their sum. idx, wt [used]. */
+static void route_row(const float *l, int E, int used, int renorm, int *idx, float *wt) {
+    float mx = l[0], s = 0.f;
+    for (int e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    for (int e = 0; e < E; e++) s += expf(l[e] - mx);
+    unsigned char taken[1024] = {0}; /* E <= 1024 (checked) */
+    float sum = 0.f;
+    for (int k = 0; k < used; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || l[e] > l[best])) best = e;
+        taken[best] = 1;
+        idx[k] = best;
+        wt[k] = expf(l[best] - mx) / s;
+        sum += wt[k];
+    }
+    if (renorm)
+        for (int k = 0; k < used; k++) wt[k] /= sum;
+}
+
+/* The mixture-of-experts feed-forward of h [T, D] into out [T, D] (before the residual add):
+ * decoder._experts in C. The step's rows are grouped by expert (counting sort, each group in
+ * row order); each expert in ascending order runs once over its rows (gather, gate/up,
+ * SiLU-gating, down) and adds each row's product, times its weight, into that row's output.
+ * A row's result depends on that row alone: its routing, then the same per-row GEMV and the
+ * same order of adds, whatever else is in the step. Returns 0, -1 on bad arguments, -2 on no memory. */
+int sf_experts(const sf_moe *m, const float *h, int T, int D, float *out) {
+    int E = m->E, U = m->used, F = m->F;
+    if (E < 1 || E > 1024 || U < 1 || U > E || F < 1 || check_qcat(&m->router) || m->router.p[0].K != D ||
+        qcat_rows(&m->router) != E)
+        return -1;
+    for (int e = 0; e < E; e++)
+        if (check_qcat(&m->gu[e]) || check_qcat(&m->down[e]) || m->gu[e].p[0].K != D || qcat_rows(&m->gu[e]) != 2 * F ||
+            m->down[e].p[0].K != F || qcat_rows(&m->down[e]) != D)
+            return -1;
+    if (T < 1) return T < 0 ? -1 : 0;
+    size_t TU = (size_t)T * U;
+    /* an expert sees a row at most once, so its group has at most T rows */
+    float *logits = malloc(sizeof(float) * ((size_t)T * E + 2 * TU + (size_t)T * (2 * (size_t)D + 3 * (size_t)F)));
+    int *idx = malloc(sizeof(int) * (2 * TU + (size_t)E + 1));
+    if (!logits || !idx) {
+        free(logits);
+        free(idx);
+        return -2;
+    }
+    float *wt = logits + (size_t)T * E, *rw = wt + TU, *hg = rw + TU, *gu = hg + (size_t)T * D, *act = gu + (size_t)T * 2 * F,
+          *y = act + (size_t)T * F;
+    int *rows = idx + TU, *start = rows + TU;
+    int rc = gemv(&m->router, h, logits, T, 0);
+    if (!rc) {
+        for (int t = 0; t < T; t++) route_row(logits + (size_t)t * E, E, U, m->renorm, idx + (size_t)t * U, wt + (size_t)t * U);
+        memset(start, 0, sizeof(int) * ((size_t)E + 1));
+        for (size_t i = 0; i < TU; i++) start[idx[i] + 1]++;
+        for (int e = 0; e < E; e++) start[e + 1] += start[e];
+        int *fill = malloc(sizeof(int) * (size_t)E);
+        if (!fill) rc = -2;
+        else {
+            memcpy(fill, start, sizeof(int) * (size_t)E);
+            for (size_t i = 0; i < TU; i++) { /* row order within each expert */
+                int slot = fill[idx[i]]++;
+                rows[slot] = (int)(i / U);
+                rw[slot] = wt[i];
+            }
+            free(fill);
+        }
+    }
+    memset(out, 0, sizeof(float) * (size_t)T * D);
+    for (int e = 0; e < E && !rc; e++) {
+        int n = start[e + 1] - start[e];
+        if (!n) continue;
+        const int *r = rows + start[e];
+        for (int i = 0; i < n; i++) memcpy(hg + (size_t)i * D, h + (size_t)r[i] * D, sizeof(float) * D);
+        if ((rc = gemv(&m->gu[e], hg, gu, n, 0))) break;
+        sf_silu_mul(gu, n, F, act);
+        if ((rc = gemv(&m->down[e], act, y, n, 0))) break;
+        for (int i = 0; i < n; i++) {
+            float *o = out + (size_t)r[i] * D, w = rw[start[e] + i];
+            const float *yi = y + (size_t)i * D;
+            for (int j = 0; j < D; j++) o[j] += yi[j] * w;
+        }
+    }
+    free(idx);
+    free(logits);
+    return rc;
+}
+
 /* ------------------------------------------------------- whole decode forward */
 
 typedef struct {
     const float *attn_norm, *ffn_norm, *bqkv; /* bqkv may be NULL */
-    sf_qcat wqkv, wo, wgu, wdown; /* each matrix in its own kind (a Q4_K_M file mixes them) */
+    const float *q_norm, *k_norm; /* [d] per head or [H d] / [Hkv d] over all heads (sf_model.qk_norm); NULL: none */
+    sf_qcat wqkv, wo, wgu, wdown; /* each matrix in its own kind (a Q4_K_M file mixes them); wgu, wdown unused with moe */
+    const sf_moe *moe;            /* NULL: the dense feed-forward */
     float *kc, *vc;               /* this layer's cache [S, Hkv, d] */
 } sf_layer;
 
 typedef struct {
     int n_layers, D, F, H, Hkv, d;
+    int qk_norm;      /* 1: per head, 2: over all heads (the layers' q_norm / k_norm) */
     float eps, scale; /* scale: attention's 1 / sqrt(d) */
     const float *cos, *sin, *norm; /* cos, sin [P, d]; norm [D] */
     const sf_layer *layers;
@@ -1350,6 +1455,23 @@ typedef struct {
 static void add_bias(float *qkv, const float *b, int T, int W) {
     for (int t = 0; t < T; t++)
         for (int j = 0; j < W; j++) qkv[(size_t)t * W + j] += b[j];
+}
+
+/* q and k of each row of qkv [T, W] RMS-normed in place, per head of d or over all heads:
+ * the rows NativeKernels.norm normalises (the same sf_rms_norm per row), v left as is. */
+static void qk_norm(float *qkv, int T, int H, int Hkv, int d, int per_head, const float *qn, const float *kn,
+                    float eps) {
+    int W = (H + 2 * Hkv) * d;
+    for (int t = 0; t < T; t++) {
+        float *q = qkv + (size_t)t * W, *k = q + (size_t)H * d;
+        if (per_head) {
+            sf_rms_norm(q, qn, q, H, d, eps);
+            sf_rms_norm(k, kn, k, Hkv, d, eps);
+        } else {
+            sf_rms_norm(q, qn, q, 1, H * d, eps);
+            sf_rms_norm(k, kn, k, 1, Hkv * d, eps);
+        }
+    }
 }
 
 /* decoder.layer (decoder.py) over every layer, then the final norm: the kernels that
@@ -1366,7 +1488,7 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
               int L, const int64_t *first, const int64_t *lens, float *out) {
     int D = m->D, H = m->H, Hkv = m->Hkv, d = m->d, F = m->F, W = (H + 2 * Hkv) * d;
     if (check_spans(first, lens, T, L)) return -1;
-    size_t n = (size_t)T * ((size_t)D + W + 2 * (size_t)H * d + 3 * (size_t)F);
+    size_t n = (size_t)T * (2 * (size_t)D + W + 2 * (size_t)H * d + 3 * (size_t)F);
     float *buf = malloc(sizeof(float) * n);
     int *tiles = malloc(sizeof(int) * (2 * (size_t)T + 2));
     if (!buf || !tiles) {
@@ -1376,7 +1498,7 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
     }
     int n_tiles = plan_tiles(gather, first, lens, T, L, tile_rows(H, Hkv), tiles); /* every layer's, once */
     float *h = buf, *qkv = h + (size_t)T * D, *q = qkv + (size_t)T * W, *a = q + (size_t)T * H * d,
-          *gu = a + (size_t)T * H * d, *act = gu + (size_t)T * 2 * F;
+          *gu = a + (size_t)T * H * d, *act = gu + (size_t)T * 2 * F, *ffn = act + (size_t)T * F;
     int rc = 0;
 #define STEP(call) if ((rc = (call))) break /* the first failure ends the step with its code */
     for (int li = 0; li < m->n_layers; li++) {
@@ -1384,10 +1506,16 @@ int sf_decode(const sf_model *m, float *x, int T, const int64_t *pos, const int6
         sf_rms_norm(x, ly->attn_norm, h, T, D, m->eps);                                    /* norm */
         STEP(gemv(&ly->wqkv, h, qkv, T, 0));                                                  /* qkv */
         if (ly->bqkv) add_bias(qkv, ly->bqkv, T, W);                                        /* + bias */
+        if (ly->q_norm) qk_norm(qkv, T, H, Hkv, d, m->qk_norm == 1, ly->q_norm, ly->k_norm, m->eps); /* q/k norm */
         sf_rope_kv(qkv, T, H, Hkv, d, m->cos, m->sin, pos, slots, ly->kc, ly->vc, q);       /* rope, kv store */
         STEP(attend_planned(q, ly->kc, ly->vc, gather, first, lens, T, H, Hkv, d, L, m->scale, a, tiles, n_tiles));
         STEP(gemv(&ly->wo, a, x, T, 1));                                                      /* o + residual */
         sf_rms_norm(x, ly->ffn_norm, h, T, D, m->eps);                                      /* norm */
+        if (ly->moe) {                                                                      /* experts */
+            STEP(sf_experts(ly->moe, h, T, D, ffn));
+            for (size_t i = 0; i < (size_t)T * D; i++) x[i] += ffn[i];                     /* + residual */
+            continue;
+        }
         STEP(gemv(&ly->wgu, h, gu, T, 0));                                                    /* gate/up */
         sf_silu_mul(gu, T, F, act);                                                         /* gating */
         STEP(gemv(&ly->wdown, act, x, T, 1));                                                 /* down + residual */

@@ -81,6 +81,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.sf_rms_norm.argtypes, lib.sf_rms_norm.restype = [P, P, P, I, I, F], None
     lib.sf_rope_kv.argtypes, lib.sf_rope_kv.restype = [P, I, I, I, I, P, P, P, P, P, P, P], None
     lib.sf_silu_mul.argtypes, lib.sf_silu_mul.restype = [P, I, I, P], None
+    lib.sf_experts.argtypes, lib.sf_experts.restype = [P, P, I, I, P], I
     lib.sf_decode.argtypes, lib.sf_decode.restype = [P, P, I, P, P, P, I, P, P, P], I
 
 
@@ -234,27 +235,68 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
     return out
 
 
+# ------------------------------------------------------------ mixture of experts
+
+
+class _MoeC(ctypes.Structure):  # kernels.c's sf_moe
+    _fields_ = [("E", ctypes.c_int), ("used", ctypes.c_int), ("renorm", ctypes.c_int), ("F", ctypes.c_int),
+                ("router", QCatC), ("gu", ctypes.POINTER(QCatC)), ("down", ctypes.POINTER(QCatC))]
+
+
+def experts_runnable(E) -> bool:
+    """Whether sf_experts runs decoder.Experts E: every matrix quantized (the router too)."""
+    return all(m.q is not None for m in [E.router] + E.wgu + E.wdown)
+
+
+def moe_struct(E) -> _MoeC:
+    """The sf_moe of decoder.Experts E (experts_runnable), built once and kept on E (it
+    points into the matrices' tensors, which E keeps alive)."""
+    if E.native is None:
+        n = len(E.wgu)
+        gu, down = (QCatC * n)(*[c_struct(m.q) for m in E.wgu]), (QCatC * n)(*[c_struct(m.q) for m in E.wdown])
+        c = _MoeC(n, E.used, int(E.renormalise), E.wdown[0].q.K, c_struct(E.router.q),
+                  ctypes.cast(gu, ctypes.POINTER(QCatC)), ctypes.cast(down, ctypes.POINTER(QCatC)))
+        E.native = (c, gu, down)
+    return E.native[0]
+
+
+def experts(h: torch.Tensor, E) -> torch.Tensor:
+    """The mixture-of-experts feed-forward of h [T, D] (before the residual add), on the
+    quantized GEMV: decoder._experts's routing and sums, in C."""
+    lib = native()
+    _f32(h, "h")
+    T, D = h.shape
+    out = torch.empty(T, D)
+    _check(lib.sf_experts(ctypes.byref(moe_struct(E)), h.data_ptr(), T, D, out.data_ptr()), "sf_experts")
+    return out
+
+
 # ------------------------------------------------------------ whole decode forward
 # Mirrors of kernels.c's sf_qmat / sf_layer / sf_model (field order and types must match).
 
 
 class _LayerC(ctypes.Structure):
     _fields_ = [("attn_norm", ctypes.c_void_p), ("ffn_norm", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
-                ("wqkv", QCatC), ("wo", QCatC), ("wgu", QCatC), ("wdown", QCatC),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("wqkv", QCatC), ("wo", QCatC), ("wgu", QCatC), ("wdown", QCatC), ("moe", ctypes.POINTER(_MoeC)),
                 ("kc", ctypes.c_void_p), ("vc", ctypes.c_void_p)]
 
 
 class _ModelC(ctypes.Structure):
     _fields_ = [("n_layers", ctypes.c_int), ("D", ctypes.c_int), ("F", ctypes.c_int),
-                ("H", ctypes.c_int), ("Hkv", ctypes.c_int), ("d", ctypes.c_int), ("eps", ctypes.c_float),
+                ("H", ctypes.c_int), ("Hkv", ctypes.c_int), ("d", ctypes.c_int), ("qk_norm", ctypes.c_int),
+                ("eps", ctypes.c_float),
                 ("scale", ctypes.c_float), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p),
                 ("norm", ctypes.c_void_p), ("layers", ctypes.POINTER(_LayerC))]
 
 
 # What sf_decode computes beyond a plain Llama layer: q/k/v biases (added after the qkv
-# product), a sliding window (each row's key span first .. lens - 1) and RoPE scaling (linear,
-# llama3, YaRN: all in the cos/sin tables, YaRN's attention factor included, built in Python).
-DECODER_FEATURES = frozenset({"attention_bias", "sliding_window", "rope_scaling"})
+# product), a sliding window (each row's key span first .. lens - 1), RoPE scaling (linear,
+# llama3, YaRN: all in the cos/sin tables, YaRN's attention factor included, built in Python),
+# q/k norms (per head or over all heads: Qwen3, OLMoE) and mixture-of-experts feed-forwards
+# (sf_experts: Qwen3-MoE, OLMoE, Mixtral).
+DECODER_FEATURES = frozenset({"attention_bias", "sliding_window", "rope_scaling", "qk_norm", "n_experts",
+                              "n_experts_used", "moe_norm_topk"})
 # ModelConfig fields that are shapes and constants sf_model carries, or that act outside the layers.
 # embed_scale, logit_scale and final_softcap act on the embeddings and logits, outside sf_decode.
 _PLAIN_FIELDS = frozenset({"arch", "vocab_size", "hidden", "intermediate", "n_layers", "n_heads", "n_kv_heads",
@@ -272,11 +314,14 @@ def decoder_refusal(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> str | None
                      and getattr(cfg, f.name) != f.default)  # an option off is its default
     if unknown:
         return f"sf_decode does not implement {', '.join(unknown)}"
-    mats = [m for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)]
-    if any(m.q is None for m in mats):
+    mats = [m for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown) if m is not None]
+    if any(m.q is None for m in mats) or any(not experts_runnable(L.experts) for L in model.layers if L.experts):
         return "sf_decode runs quantized layer matrices only"
+    if cfg.activation != "silu" and cfg.n_experts:
+        return "sf_experts gates with SiLU only"
     tensors = [model.cos, model.sin, model.norm, kv_k, kv_v] + [t for L in model.layers for t in
-                                                                (L.attn_norm, L.ffn_norm, L.bqkv) if t is not None]
+                                                                (L.attn_norm, L.ffn_norm, L.bqkv, L.q_norm, L.k_norm)
+                                                                if t is not None]
     if any(t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
         return "sf_decode reads contiguous float32 CPU tensors"
     return None
@@ -294,15 +339,19 @@ class Decoder:
         cfg = model.cfg
         tensors = [model.cos, model.sin, model.norm, kv_k, kv_v]
         layers = (_LayerC * cfg.n_layers)()
+        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
+        dense = lambda m: c_struct(m.q) if m is not None else QCatC()  # noqa: E731  (with experts: unused)
         for i, L in enumerate(model.layers):
-            tensors += [L.attn_norm, L.ffn_norm] + ([L.bqkv] if L.bqkv is not None else [])
-            layers[i] = _LayerC(L.attn_norm.data_ptr(), L.ffn_norm.data_ptr(),
-                                L.bqkv.data_ptr() if L.bqkv is not None else None,
-                                c_struct(L.wqkv.q), c_struct(L.wo.q), c_struct(L.wgu.q), c_struct(L.wdown.q),
+            tensors += [t for t in (L.attn_norm, L.ffn_norm, L.bqkv, L.q_norm, L.k_norm) if t is not None]
+            layers[i] = _LayerC(L.attn_norm.data_ptr(), L.ffn_norm.data_ptr(), ptr(L.bqkv), ptr(L.q_norm),
+                                ptr(L.k_norm), c_struct(L.wqkv.q), c_struct(L.wo.q), dense(L.wgu), dense(L.wdown),
+                                ctypes.pointer(moe_struct(L.experts)) if L.experts else None,
                                 kv_k[i].data_ptr(), kv_v[i].data_ptr())
-        self._keep = (tensors, layers, [m.q for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)])
-        self.model = _ModelC(cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads,
-                             cfg.n_kv_heads, cfg.head_dim, cfg.rms_eps, cfg.head_dim ** -0.5, model.cos.data_ptr(),
+        self._keep = (tensors, layers, [m.q for L in model.layers for m in (L.wqkv, L.wo, L.wgu, L.wdown)
+                                        if m is not None], [L.experts for L in model.layers if L.experts])
+        self.model = _ModelC(cfg.n_layers, cfg.hidden, cfg.intermediate, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                             {None: 0, "head": 1, "full": 2}[cfg.qk_norm], cfg.rms_eps, cfg.head_dim ** -0.5,
+                             model.cos.data_ptr(),
                              model.sin.data_ptr(), model.norm.data_ptr(), layers)
         self.D = cfg.hidden
         self.lib = native()

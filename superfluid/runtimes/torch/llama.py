@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
-from .decoder import Experts, Layer, Options, run
+from .decoder import Experts, Layer, Options, experts, run
 from .quantized import FILE_ROUTE, Src, route_label
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
@@ -239,6 +239,9 @@ class TorchKernels:
     def gate(gu: torch.Tensor, activation: str = "silu") -> torch.Tensor:
         g, u = gu.chunk(2, dim=-1)
         return activate(g, activation) * u
+
+    def experts(self, h: torch.Tensor, E: Experts, activation: str) -> torch.Tensor:
+        return experts(self, h, E, activation)
 
 
 def activate(g: torch.Tensor, activation: str) -> torch.Tensor:

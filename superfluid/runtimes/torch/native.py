@@ -41,7 +41,7 @@ import torch
 
 from . import kernels
 from .attention import StepMeta, attend
-from .decoder import run
+from .decoder import Experts, experts, run
 
 QROWS = 32  # products with more rows than this run as fp32 GEMMs (crossover measured at 32-64)
 WHOLE_STEP = True  # steps in one sf_decode call where the route allows (False: op by op; tests compare the two)
@@ -144,6 +144,13 @@ class NativeKernels:
         g, u = gu.chunk(2, dim=-1)  # prefill, or GELU: torch's multi-threaded elementwise ops
         act = torch.nn.functional.silu(g) if activation == "silu" else torch.nn.functional.gelu(g, approximate="tanh")
         return act * u
+
+    def experts(self, h: torch.Tensor, E: Experts, activation: str) -> torch.Tensor:
+        """sf_experts (the quantized GEMV for every expert's rows, as sf_decode runs it) where
+        those products would be quantized anyway; else the description on these kernels."""
+        if activation == "silu" and (h.shape[0] <= QROWS or self.invariant) and kernels.experts_runnable(E):
+            return kernels.experts(h.contiguous(), E)
+        return experts(self, h, E, activation)
 
 
 def whole_step(model, kv_k: torch.Tensor, kv_v: torch.Tensor) -> kernels.Decoder | None:
