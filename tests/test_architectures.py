@@ -64,13 +64,13 @@ def tok_dir(tmp_path_factory):
     return d / "tok"
 
 
-def write_family(family: str, out: Path, tok_dir: Path, seed: int = 0) -> Path:
+def write_family(family: str, out: Path, tok_dir: Path, seed: int = 0, **overrides) -> Path:
     """A tiny random model of the family as a Hugging Face folder (weights drawn large enough
-    that every option moves the logits; norms near their identity)."""
+    that every option moves the logits; norms near their identity); ``overrides``: config fields."""
     import transformers
 
     cls_cfg, cls_model, extra = FAMILIES[family]
-    cfg = getattr(transformers, cls_cfg)(**COMMON | extra)
+    cfg = getattr(transformers, cls_cfg)(**COMMON | extra | overrides)
     torch.manual_seed(seed)
     model = getattr(transformers, cls_model)(cfg).eval()
     with torch.no_grad():

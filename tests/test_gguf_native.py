@@ -25,7 +25,7 @@ from gguf.quants import dequantize
 
 from superfluid.bench.fidelity import logits, score
 from superfluid.runtimes.base import Feed
-from superfluid.runtimes.torch import TorchRuntime, kernels, native
+from superfluid.runtimes.torch import TorchRuntime, kernels, llama, native
 from superfluid.runtimes.torch.gguf_weights import load_gguf
 from superfluid.runtimes.torch.qmat import NATIVE, QCat, QMat
 from superfluid_testing.tiny import TinyModel, quantize_tensor
@@ -129,8 +129,16 @@ def files(tmp_path_factory):
             for i, (name, (t, mix)) in enumerate(FILES.items())}
 
 
+def t_embed_type(path) -> Q:
+    from gguf import GGUFReader
+
+    return Q(next(t.tensor_type for t in GGUFReader(path).tensors if t.name == "token_embd.weight"))
+
+
 @pytest.mark.parametrize("name", list(FILES))
-def test_each_type_loads_as_it_is_on_the_default_route(files, name):
+def test_each_type_loads_as_it_is_on_the_default_route(files, name, monkeypatch):
+    assert TorchRuntime(files[name], kv_cache_mb=4).model.embed is not None  # a small table: floats held
+    monkeypatch.setattr(llama, "EMBED_FLOATS_MAX", 0)  # every table as a large one
     rt = TorchRuntime(files[name], kv_cache_mb=4)
     model = rt.model
     assert rt.quant == "gguf" and rt.desc.batch_invariant
@@ -143,6 +151,10 @@ def test_each_type_loads_as_it_is_on_the_default_route(files, name):
         assert torch.equal(m.q.dequantize(), w) or any(p.source is None for p in m.q.parts)
     # every product runs on the kernels: no float copy of a layer matrix is held (4 bytes a weight)
     assert all(m._w is None for m in mats[:-1])
+    # nor of the embedding table: its rows are gathered from the file's blocks, the loader's floats
+    assert model.embed is None and model.embed_q.source == t_embed_type(files[name])
+    ids = torch.tensor([0, 5, 7, 8, 200, 5, 268])
+    assert torch.equal(model.embed_rows(ids), t["embed"][ids])
     route = rt.desc.runtime_id.split(":det:gguf:")[1]
     qtype, mix = FILES[name]
     expected = {qtype.name, *(t.name for t in mix.values() if t in NATIVE)} | {"F16>q8_0" for t in mix.values()

@@ -34,12 +34,13 @@ _LAYER_NAMES = {  # gguf suffix -> canonical suffix
     "attn_q_norm.weight": "q_norm", "attn_k_norm.weight": "k_norm", "post_attention_norm.weight": "post_attn_norm",
     "post_ffw_norm.weight": "post_ffn_norm", "ffn_gate_inp.weight": "router", "ffn_gate_exps.weight": "gate_exps",
     "ffn_up_exps.weight": "up_exps", "ffn_down_exps.weight": "down_exps",
+    "attn_qkv.weight": "qkv",  # fused (Phi-3): split by _split_fused
 }
 # general.architecture -> ModelConfig.arch, for the files torch runs (tests/test_architectures_gguf.py
 # converts a tiny model of each with llama.cpp's own converter). A Mixtral file says "llama".
 GGUF_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
-                      "gemma3": "gemma3_text", "smollm3": "smollm3", "olmo2": "olmo2", "olmoe": "olmoe",
-                      "granite": "granite"}
+                      "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3", "smollm3": "smollm3",
+                      "olmo2": "olmo2", "olmoe": "olmoe", "granite": "granite"}
 _PERMUTED = ("llama", "granite", "smollm3")  # llama.cpp's converter interleaves these q/k rows for its RoPE
 _GLOBAL_NAMES = {"token_embd.weight": "embed", "output_norm.weight": "norm", "output.weight": "lm_head",
                  "rope_freqs.weight": "rope_freqs"}
@@ -119,6 +120,8 @@ def read_config(reader: GGUFReader, path: Path) -> ModelConfig:
     options = _options(reader, path, arch, n_layers, head_dim, n_experts)
     if arch == "gemma3":  # llama.cpp: every sixth layer global unless the file says otherwise
         pattern = pattern if isinstance(pattern, list) else [(i + 1) % 6 != 0 for i in range(n_layers)]
+    if arch == "gemma2":  # llama.cpp and transformers: the even layers slide, the odd are global
+        pattern = [i % 2 == 0 for i in range(n_layers)]
     sliding = None
     if window and isinstance(pattern, list) and len(set(pattern)) > 1:
         sliding = tuple(bool(x) for x in pattern)
@@ -150,10 +153,16 @@ def _options(reader: GGUFReader, path: Path, arch: str, n_layers: int, head_dim:
         o["qk_norm"] = "head" if int(q_norm.shape[0]) == head_dim else "full"
     if arch == "olmo2":
         o |= {"pre_norm": False, "post_norm": True}
-    if arch == "gemma3":  # norms stored with Gemma's +1 folded in by the converter
-        o |= {"post_norm": True, "activation": "gelu_tanh", "attn_scale": head_dim ** -0.5,
-              "local_rope_theta": float(opt("rope.freq_base_swa") or 10000.0)}
-        o["embed_scale"] = float(field(reader, f"{arch}.embedding_length", path)) ** 0.5
+    if arch in ("gemma2", "gemma3"):  # norms stored with Gemma's +1 folded in by the converter
+        hidden = float(field(reader, f"{arch}.embedding_length", path))
+        o |= {"post_norm": True, "activation": "gelu_tanh", "attn_scale": head_dim ** -0.5, "embed_scale": hidden ** 0.5}
+    if arch == "gemma3":
+        o["local_rope_theta"] = float(opt("rope.freq_base_swa") or 10000.0)
+    if arch == "gemma2":  # the file has no query_pre_attn_scalar: llama.cpp's rule, by size (27B: hidden / heads)
+        if n_layers == 46:
+            o["attn_scale"] = (hidden / int(field(reader, f"{arch}.attention.head_count", path))) ** -0.5
+        o |= {"attn_softcap": float(opt("attn_logit_softcapping") or 0) or None,
+              "final_softcap": float(opt("final_logit_softcapping") or 0) or None}
     if arch == "granite":
         o |= {"embed_scale": float(opt("embedding_scale") or 1.0), "residual_scale": float(opt("residual_scale") or 1.0),
               "attn_scale": float(opt("attention.scale") or head_dim ** -0.5), "logit_scale": float(opt("logit_scale") or 1.0)}
@@ -171,6 +180,14 @@ def _options(reader: GGUFReader, path: Path, arch: str, n_layers: int, head_dim:
 def _rope_scaling(reader: GGUFReader, path: Path, arch: str, context: int) -> RopeScaling | None:
     k = lambda name: field(reader, f"{arch}.rope.scaling.{name}", path, required=False)  # noqa: E731
     kind, factor = k("type"), k("factor")
+    factors = {t.name: t for t in reader.tensors if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
+    if len(factors) == 2:  # Phi-3's LongRoPE: per-frequency divisors within and beyond the original context
+        orig = int(k("original_context_length") or context)
+        long, short = (tuple(float(v) for v in np.asarray(factors[f"rope_factors_{n}.weight"].data, dtype=np.float32))
+                       for n in ("long", "short"))
+        attn = k("attn_factor")
+        return RopeScaling("longrope", context / orig, original_max_position=orig, short_factors=short,
+                           long_factors=long, attention_factor=float(attn) if attn is not None else None)
     if kind == "linear" and factor and float(factor) != 1.0:
         return RopeScaling("linear", float(factor))
     if kind == "yarn" and factor:
@@ -232,6 +249,8 @@ def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = No
             _, idx, suffix = t.name.split(".", 2)
             if suffix in _LAYER_NAMES and idx.isdigit():
                 key = f"layers.{idx}.{_LAYER_NAMES[suffix]}"
+                if cfg.arch == "phi3" and suffix == "ffn_up.weight":
+                    key = f"layers.{idx}.gate_up"  # gate rows then up rows, one matrix
         if key is None:
             continue  # tensors the model does not use
         names[key] = t.name
@@ -250,7 +269,31 @@ def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = No
                            else None)  # a copy: the map is read-only
         w = np.ascontiguousarray(w, dtype=np.float32)
         out[key] = torch.from_numpy(w if w.flags.writeable else w.copy())
+    _split_fused(cfg, out, blocks, names, path)
     for key in cfg.expected_shapes():
         names.setdefault(key, gguf_name(key))
     check_shapes(cfg, out, str(path), names)
     return cfg, out
+
+
+def _split_fused(cfg: ModelConfig, out: dict, blocks: dict | None, names: dict, path: Path) -> None:
+    """Phi-3's fused attn_qkv ([q; k; v] rows) and ffn_up ([gate; up] rows) as the separate
+    matrices the layer stacks again (Src.cat): rows only, so each part keeps the file's
+    blocks as they are."""
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        for fused, parts, sizes in ((p + "qkv", "qkv", (cfg.q_size, cfg.kv_size, cfg.kv_size)),
+                                    (p + "gate_up", ("gate", "up"), (cfg.intermediate, cfg.intermediate))):
+            if fused not in out:
+                continue
+            w = out.pop(fused)
+            if w.shape[0] != sum(sizes):
+                raise ModelLoadError(f"{path}: tensor {names[fused]!r} has {w.shape[0]} rows, expected {sum(sizes)}")
+            raw = blocks.pop(fused) if blocks is not None and fused in blocks else None
+            lo = 0
+            for part, n in zip(parts, sizes):
+                out[p + part] = w[lo: lo + n]
+                names[p + part] = names[fused]
+                if raw is not None:
+                    blocks[p + part] = (raw[0], raw[1][lo: lo + n] if raw[1] is not None else None)
+                lo += n

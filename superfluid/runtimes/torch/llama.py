@@ -21,9 +21,16 @@ from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
 from .decoder import Experts, Layer, Options, experts, run
+from .qmat import NATIVE, QMat
 from .quantized import FILE_ROUTE, Src, route_label
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
+
+
+# Measured (AMD EPYC Zen 4): gathering one token's row from the blocks costs 61 us on the
+# default model (1% of its 5 ms decode step; its float table is 113 MB) and 305 us on a 1B
+# Q6_K table of 128k x 2048 (1% of 32 ms; its float table is 1 GB).
+EMBED_FLOATS_MAX = 256 << 20
 
 
 class Mat:
@@ -87,15 +94,22 @@ class Llama:
         src = lambda key: Src.of(tensors[key], blocks.get(key))  # noqa: E731
         keep = not quant or self.qrows != math.inf  # else no product reads a matrix's floats
         mat = lambda s: Mat(put(s.w), gemv16, quant, s, keep)  # noqa: E731
-        self.embed = put(tensors["embed"])  # [V, D]
+        embed = put(tensors["embed"])  # [V, D]
         self.norm = put(tensors["norm"])
         # On the file's route the LM head is in the file's own type (llama.cpp's 4-bit files
         # keep it wider). Requantized, it stays at 8 bits under q4_1: 4 bits there cost far
         # more accuracy than time.
         head_quant = (FILE_ROUTE if quant == FILE_ROUTE else "q8_0") if quant else None
         head = "embed" if cfg.tie_embeddings else "lm_head"
-        self.lm_head = Mat(self.embed if cfg.tie_embeddings else put(tensors["lm_head"]), gemv16, head_quant,
-                           src(head), keep or cfg.tie_embeddings)  # [V, D]; tied: the embedding table, kept anyway
+        self.lm_head = Mat(embed if cfg.tie_embeddings else put(tensors["lm_head"]), gemv16, head_quant,
+                           src(head), keep)  # [V, D]
+        # The embedding table: on the file's all-native route, a table over EMBED_FLOATS_MAX
+        # bytes in floats is gathered from the file's own blocks (QMat.rows: the same floats,
+        # 0.5-1 byte a weight instead of 4: a 128k vocabulary's fp32 table is 1 GB); else,
+        # and for small tables, whose gather costs more of a step than they cost memory,
+        # the float table.
+        self.embed_q = self._embed_blocks(cfg, src("embed"), quant, keep)
+        self.embed = None if self.embed_q is not None else embed
         self.layers = [self._layer(cfg, tensors, i, put, mat, src) for i in range(cfg.n_layers)]
         # the native route's name: the types its matrices run in ("Q4_K+Q6_K", "F16>q8_0")
         self.route = route_label([m.q for L in self.layers for m in _mats(L)] + [self.lm_head.q]) if quant else None
@@ -115,6 +129,17 @@ class Llama:
         self.attend = attend_fixed if deterministic else attend
         if quant:  # the LM head's decode-sized products on the native kernels too
             self.linear = partial(native.linear, qrows=self.qrows)
+
+    def _embed_blocks(self, cfg: ModelConfig, s: Src, quant: str | None, keep: bool) -> QMat | None:
+        if quant != FILE_ROUTE or keep or s.parts[0].qtype not in NATIVE or s.parts[0].raw is None \
+                or s.w.numel() * 4 <= EMBED_FLOATS_MAX:
+            return None
+        q = self.lm_head.q if cfg.tie_embeddings else s.qmat(FILE_ROUTE)
+        return q if isinstance(q, QMat) and q.source is not None else None
+
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embeddings of tokens [T] (in range: the runtime checks ids) -> [T, D]."""
+        return self.embed_q.rows(tokens) if self.embed_q is not None else self.embed.index_select(0, tokens)
 
     @staticmethod
     def _layer(cfg: ModelConfig, tensors: dict[str, torch.Tensor], i: int, put, mat, src) -> Layer:
@@ -188,7 +213,7 @@ class Llama:
     def forward(self, tokens: torch.Tensor, meta: StepMeta, kv_k: torch.Tensor, kv_v: torch.Tensor) -> torch.Tensor:
         """tokens: [T] int64. kv_k, kv_v: [n_layers, S, Hkv, d] (this step's cells get written).
         Returns the final-normed hidden states [T, D]."""
-        x = self.embed.index_select(0, tokens)  # [T, D]
+        x = self.embed_rows(tokens)  # [T, D]
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)  # as Gemma: the scale in the model dtype
         if self.quant:

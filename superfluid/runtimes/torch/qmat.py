@@ -137,11 +137,11 @@ class QMat:
         if bits == 1:
             hb = self.qh.permute(0, 2, 1, 3).reshape(G * R, nb, 1, 1, 4).to(torch.int32)
             shift = (torch.arange(2)[:, None] * 4 + torch.arange(4)[None, :]).view(1, 1, 2, 4, 1)
-            v = v | (((hb >> shift) & 1) << 4).view(G * R, nb, 32)
+            v = v | (((hb >> shift) & 1) << 4).reshape(G * R, nb, 32)
         elif bits == 2:
             hb = self.qh.permute(0, 3, 1, 2, 4).reshape(G * R, nb, 1, 2, 1, 4).to(torch.int32)  # [.., half, t]
             shift = (torch.arange(2)[:, None] * 2 + torch.arange(2)[None, :] * 4).view(1, 1, 2, 1, 2, 1)
-            v = v | (((hb >> shift) & 3) << 4).view(G * R, nb, 32)
+            v = v | (((hb >> shift) & 3) << 4).reshape(G * R, nb, 32)
         return v.reshape(G * R, self.K)[: self.N]
 
     def dequantize(self) -> torch.Tensor:
@@ -167,6 +167,17 @@ class QMat:
         if self.m is not None:
             w = w + rows(self.m)[..., None]
         return w.view(N, self.K)
+
+    def rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows idx [T] of dequantize() (the same floats), reading only their groups: an
+        embedding gather from the table's blocks instead of a float copy of the table."""
+        groups, where = torch.unique(idx // R, return_inverse=True)
+        sub = QMat(None, self.kind)
+        sub.N, sub.K = groups.numel() * R, self.K
+        for f in ("q", "qh", "d", "m", "sc", "mn"):
+            t = getattr(self, f)
+            setattr(sub, f, t.index_select(0, groups) if t is not None else None)
+        return sub.dequantize().index_select(0, where * R + idx % R)
 
     @property
     def parts(self) -> tuple[QMat, ...]:
