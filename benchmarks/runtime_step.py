@@ -7,7 +7,8 @@ Figures (tokens per second, median of --repeats):
   (transformers: generate(N + 1 new) minus generate(1 new)).
 - decode@1: the same with one sequence.
 Each figure is also written as a ratio ours / transformers. Transformers runs in bf16
-(its reference setting); ours in --dtype (default: the runtime's default for this CPU), and
+(its reference setting); ours with no flags (``ours_default``: the file's own blocks on the
+native kernels, the invariant route), in --dtype (default: the runtime's default for this CPU), and
 with --quant also in each quant mode (native kernels, block-quantized decode weights).
 Every repeat runs all sides in turn, so a change of machine load hits them alike.
 
@@ -137,7 +138,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
-    variants = {"ours": TorchRuntime(args.model, dtype=args.dtype, quant="none")}
+    variants = {"ours_default": TorchRuntime(args.model),  # no flags: what LLM() and serve run
+                "ours": TorchRuntime(args.model, dtype=args.dtype, quant="none")}
     if args.deterministic:
         variants["ours_deterministic"] = TorchRuntime(args.model, dtype=args.dtype, quant="none", deterministic=True)
     for q in filter(None, args.quant.split(",")):
