@@ -25,7 +25,7 @@ from gguf.quants import dequantize
 
 from superfluid.bench.fidelity import logits, score
 from superfluid.runtimes.base import Feed
-from superfluid.runtimes.torch import TorchRuntime, kernels, llama, native
+from superfluid.runtimes.torch import TorchRuntime, kernels, native, quantized
 from superfluid.runtimes.torch.gguf_weights import load_gguf
 from superfluid.runtimes.torch.qmat import NATIVE, QCat, QMat
 from superfluid_testing.tiny import TinyModel, quantize_tensor
@@ -138,7 +138,7 @@ def t_embed_type(path) -> Q:
 @pytest.mark.parametrize("name", list(FILES))
 def test_each_type_loads_as_it_is_on_the_default_route(files, name, monkeypatch):
     assert TorchRuntime(files[name], kv_cache_mb=4).model.embed is not None  # a small table: floats held
-    monkeypatch.setattr(llama, "EMBED_FLOATS_MAX", 0)  # every table as a large one
+    monkeypatch.setattr(quantized, "EMBED_FLOATS_MAX", 0)  # every table as a large one
     rt = TorchRuntime(files[name], kv_cache_mb=4)
     model = rt.model
     assert rt.quant == "gguf" and rt.desc.batch_invariant
@@ -230,3 +230,33 @@ def test_fidelity_against_llama_cpp_on_each_type(files, name):
     assert ours.kl_mean <= 1.05 * theirs.kl_mean and ours.top1 >= theirs.top1 - 0.02
     if name in ("Q4_K", "Q5_K"):
         assert ours.kl_mean < 0.8 * theirs.kl_mean
+
+
+def test_the_invariant_route_loads_no_float_copy_of_what_only_blocks_feed(files):
+    """floats=False (the default route): a matrix in a kernel's own type is its shape only
+    (meta), unless it is stacked with one requantized from floats; a small embedding table
+    keeps its floats (it is held as such)."""
+    cfg, t = load_gguf(files["Q4_K_M"], blocks={}, floats=False)
+    assert t["layers.0.q"].is_meta and t["layers.0.v"].is_meta and t["layers.1.down"].is_meta
+    assert not t["layers.1.gate"].is_meta and not t["layers.1.up"].is_meta  # gate is F16: up stacks with it
+    assert not t["embed"].is_meta
+    _, full = load_gguf(files["Q4_K_M"])
+    assert all(not v.is_meta for v in full.values()) and set(full) == set(t)
+
+
+def test_a_non_finite_block_scale_is_refused_without_floats(files, tmp_path):
+    import shutil
+
+    from gguf import GGUFReader
+
+    from superfluid.models import ModelLoadError
+
+    path = tmp_path / "inf.gguf"
+    shutil.copy(files["Q8_0"], path)
+    r = GGUFReader(path, "r+")
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_down.weight")
+    t.data.reshape(-1)[34 * 5: 34 * 5 + 2] = [0x00, 0x7C]  # block 5's fp16 scale: +inf
+    r.data.flush()
+    del r, t
+    with pytest.raises(ModelLoadError, match=r"inf\.gguf.*blk\.1\.ffn_down\.weight.*NaN or infinite"):
+        TorchRuntime(path, kv_cache_mb=4)

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ...gguf_header import check_header
 from ...models import MAX_SIZE, ModelLoadError, check_size
 from .config import ModelConfig, RopeScaling, check_shapes
 from .qmat import NATIVE
+from . import quantized
 
 SUPPORTED_QUANTS = (  # what gguf.quants.dequantize reads that llama.cpp writes for Llama-family weights
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
@@ -228,45 +229,102 @@ def _tensor(t, path: Path) -> np.ndarray:
     return arr
 
 
+def _key(name: str, arch: str) -> str | None:
+    """A GGUF tensor name -> its canonical name (None: a tensor the model does not use)."""
+    key = _GLOBAL_NAMES.get(name)
+    if key is None and name.startswith("blk."):
+        _, idx, suffix = name.split(".", 2)
+        if suffix in _LAYER_NAMES and idx.isdigit():
+            key = f"layers.{idx}.{_LAYER_NAMES[suffix]}"
+            if arch == "phi3" and suffix == "ffn_up.weight":
+                key = f"layers.{idx}.gate_up"  # gate rows then up rows, one matrix (_split_fused)
+    return key
+
+
+_FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"), ("gate_exps", "up_exps"))  # stacked into one matrix (Src.cat)
+# Each GGUF block type's fp16 scale fields (byte offsets in a block): a non-finite one is a
+# NaN weight, checked on the blocks where no float copy is made.
+_HALF_FIELDS = {GGMLQuantizationType.Q8_0: (0,), GGMLQuantizationType.Q4_0: (0,), GGMLQuantizationType.Q4_1: (0, 2),
+                GGMLQuantizationType.Q5_0: (0,), GGMLQuantizationType.Q5_1: (0, 2), GGMLQuantizationType.Q4_K: (0, 2),
+                GGMLQuantizationType.Q5_K: (0, 2), GGMLQuantizationType.Q6_K: (208,)}
+
+
+def _blocks_only(reader: GGUFReader, arch: str) -> set[str]:
+    """The matrices whose floats nothing reads when every product runs on the file's blocks:
+    each in a type a kernel reads as it is, as is every matrix it is stacked with (a part
+    requantized from floats needs its floats; the stack is built from both). The embedding
+    table too where it is gathered from its blocks (over EMBED_FLOATS_MAX in fp32: llama.Llama)."""
+    qtypes = {_key(t.name, arch): GGMLQuantizationType(t.tensor_type) for t in reader.tensors
+              if len(t.shape) >= 2 and _key(t.name, arch)}
+    sizes = {_key(t.name, arch): int(np.prod(t.shape)) for t in reader.tensors}
+    native = {k for k, q in qtypes.items() if q in NATIVE and (k != "embed" or sizes[k] * 4 > quantized.EMBED_FLOATS_MAX)}
+    for k in list(native):
+        if k.startswith("layers."):
+            p, suffix = k.rsplit(".", 1)
+            group = next((g for g in _FUSED_GROUPS if suffix in g), (suffix,))
+            if any(f"{p}.{m}" in qtypes and f"{p}.{m}" not in native for m in group):
+                native.discard(k)
+    return native
+
+
+def _check_scales(t, path: Path) -> None:
+    qtype = GGMLQuantizationType(t.tensor_type)
+    try:
+        raw = np.asarray(t.data, dtype=np.uint8).reshape(-1, GGML_QUANT_SIZES[qtype][1])
+        finite = all(np.isfinite(np.ascontiguousarray(raw[:, off: off + 2]).view(np.float16)).all()
+                     for off in _HALF_FIELDS[qtype])
+    except Exception as e:
+        raise ModelLoadError(f"{path}: tensor {t.name!r} is unreadable ({type(e).__name__}: {e})") from e
+    if not finite:
+        raise ModelLoadError(f"{path}: tensor {t.name!r} holds NaN or infinite values")
+
+
 def load_gguf(path: Path, progress: bool = False, reader: GGUFReader | None = None,
-              blocks: dict | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+              blocks: dict | None = None, floats: bool = True) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, canonical name -> float32 tensor). Raises ModelLoadError naming file and tensor.
     ``blocks``, when given, is filled with canonical name -> (type, uint8 [rows..., row bytes])
     for each matrix, the bytes where its type is one the native kernels read as it is
-    (qmat.NATIVE; else None), rows in the order of the float tensor (q/k un-permuted alike)."""
+    (qmat.NATIVE; else None), rows in the order of the float tensor (q/k un-permuted alike).
+    ``floats=False`` (with blocks: a route where every product runs on the file's blocks):
+    the matrices no float of which is read (_blocks_only) are meta tensors, their shape only,
+    so a load never holds the model in fp32 (a 3B file's 13 GB)."""
     path = Path(path)
     reader = reader or open_gguf(path)
     cfg = read_config(reader, path)
     names: dict[str, str] = {}
     out: dict[str, torch.Tensor] = {}
+    meta = _blocks_only(reader, field(reader, "general.architecture", path)) if blocks is not None and not floats \
+        else set()
     tensors = reader.tensors
     if progress:
         from tqdm import tqdm
         tensors = tqdm(tensors, desc=f"loading {path.name}")
     for t in tensors:
-        key = _GLOBAL_NAMES.get(t.name)
-        if key is None and t.name.startswith("blk."):
-            _, idx, suffix = t.name.split(".", 2)
-            if suffix in _LAYER_NAMES and idx.isdigit():
-                key = f"layers.{idx}.{_LAYER_NAMES[suffix]}"
-                if cfg.arch == "phi3" and suffix == "ffn_up.weight":
-                    key = f"layers.{idx}.gate_up"  # gate rows then up rows, one matrix
+        key = _key(t.name, cfg.arch)
         if key is None:
             continue  # tensors the model does not use
         names[key] = t.name
-        w = _tensor(t, path)
+        shape = tuple(int(x) for x in reversed(t.shape))  # ggml ne -> numpy order
+        if key in meta:
+            _check_scales(t, path)
+            w = None  # shape only: a meta tensor below
+        else:
+            w = _tensor(t, path)
         raw = None
         if blocks is not None and GGMLQuantizationType(t.tensor_type) in NATIVE and len(t.shape) >= 2:
-            raw = np.asarray(t.data, dtype=np.uint8).reshape(*w.shape[:-1], -1)
+            raw = np.asarray(t.data, dtype=np.uint8).reshape(*shape[:-1], -1)
         if cfg.arch in _PERMUTED and key.endswith((".q", ".k")):
             heads = cfg.n_heads if key.endswith(".q") else cfg.n_kv_heads
-            if w.shape[0] % (2 * heads):
-                raise ModelLoadError(f"{path}: tensor {t.name!r} has {w.shape[0]} rows, not divisible into {heads} heads")
-            w = _unpermute(w, heads)
+            if shape[0] % (2 * heads):
+                raise ModelLoadError(f"{path}: tensor {t.name!r} has {shape[0]} rows, not divisible into {heads} heads")
+            w = _unpermute(w, heads) if w is not None else None
             raw = _unpermute(raw, heads) if raw is not None else None
         if blocks is not None and len(t.shape) >= 2:  # the type always (the route's name), blocks where a kernel reads them
             blocks[key] = (GGMLQuantizationType(t.tensor_type), torch.from_numpy(np.array(raw)) if raw is not None
                            else None)  # a copy: the map is read-only
+        if w is None:
+            out[key] = torch.empty(shape, dtype=torch.float32, device="meta")
+            continue
         w = np.ascontiguousarray(w, dtype=np.float32)
         out[key] = torch.from_numpy(w if w.flags.writeable else w.copy())
     _split_fused(cfg, out, blocks, names, path)

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import native, quantized
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
 from .decoder import Experts, Layer, Options, experts, run
@@ -25,12 +25,6 @@ from .qmat import NATIVE, QMat
 from .quantized import FILE_ROUTE, Src, route_label
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
-
-
-# Measured (AMD EPYC Zen 4): gathering one token's row from the blocks costs 61 us on the
-# default model (1% of its 5 ms decode step; its float table is 113 MB) and 305 us on a 1B
-# Q6_K table of 128k x 2048 (1% of 32 ms; its float table is 1 GB).
-EMBED_FLOATS_MAX = 256 << 20
 
 
 class Mat:
@@ -89,7 +83,8 @@ class Llama:
         self.cfg, self.dtype, self.device, self.quant = cfg, dtype, device, quant
         self.native_decoder = None  # quant: (KV pool, sf_decode view or None if refused), native.whole_step builds it
         self.qrows = native.row_limit(deterministic)  # quant: products up to this many rows are quantized
-        put = lambda t: t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
+        # meta: a matrix the loader gave no floats (only its blocks feed products: load_gguf)
+        put = lambda t: t if t.is_meta else t.to(device=device, dtype=dtype).contiguous()  # noqa: E731
         blocks = blocks or {}
         src = lambda key: Src.of(tensors[key], blocks.get(key))  # noqa: E731
         keep = not quant or self.qrows != math.inf  # else no product reads a matrix's floats
@@ -104,12 +99,15 @@ class Llama:
         self.lm_head = Mat(embed if cfg.tie_embeddings else put(tensors["lm_head"]), gemv16, head_quant,
                            src(head), keep)  # [V, D]
         # The embedding table: on the file's all-native route, a table over EMBED_FLOATS_MAX
+        # (quantized.py)
         # bytes in floats is gathered from the file's own blocks (QMat.rows: the same floats,
         # 0.5-1 byte a weight instead of 4: a 128k vocabulary's fp32 table is 1 GB); else,
         # and for small tables, whose gather costs more of a step than they cost memory,
         # the float table.
         self.embed_q = self._embed_blocks(cfg, src("embed"), quant, keep)
         self.embed = None if self.embed_q is not None else embed
+        if self.embed is not None and self.embed.is_meta:  # the loader kept no floats for a table we cannot gather
+            raise ValueError("the embedding table has neither floats nor blocks a kernel reads")
         self.layers = [self._layer(cfg, tensors, i, put, mat, src) for i in range(cfg.n_layers)]
         # the native route's name: the types its matrices run in ("Q4_K+Q6_K", "F16>q8_0")
         self.route = route_label([m.q for L in self.layers for m in _mats(L)] + [self.lm_head.q]) if quant else None
@@ -132,7 +130,7 @@ class Llama:
 
     def _embed_blocks(self, cfg: ModelConfig, s: Src, quant: str | None, keep: bool) -> QMat | None:
         if quant != FILE_ROUTE or keep or s.parts[0].qtype not in NATIVE or s.parts[0].raw is None \
-                or s.w.numel() * 4 <= EMBED_FLOATS_MAX:
+                or s.w.numel() * 4 <= quantized.EMBED_FLOATS_MAX:
             return None
         q = self.lm_head.q if cfg.tie_embeddings else s.qmat(FILE_ROUTE)
         return q if isinstance(q, QMat) and q.source is not None else None

@@ -51,12 +51,13 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
     return table[dtype]
 
 
-def load_model(path: Path, progress: bool = False, reader=None, blocks: dict | None = None):
+def load_model(path: Path, progress: bool = False, reader=None, blocks: dict | None = None, floats: bool = True):
     """(config, tensors, tokenizer) from a .gguf file (reader: already open; blocks: filled
-    with its matrices' own blocks, load_gguf) or a Hugging Face folder."""
+    with its matrices' own blocks; floats=False: no float copy of the matrices only blocks
+    feed, load_gguf) or a Hugging Face folder."""
     if path.suffix == ".gguf":
         reader = reader or open_gguf(path)
-        cfg, tensors = load_gguf(path, progress, reader, blocks)
+        cfg, tensors = load_gguf(path, progress, reader, blocks, floats)
         return cfg, tensors, Tokenizer.from_gguf(path, reader)
     cfg, tensors = load_hf(path, progress)
     return cfg, tensors, Tokenizer.from_hf(path)
@@ -94,7 +95,8 @@ class TorchRuntime:
         self.quant = quant
         self.dtype = pick_dtype(dtype or ("float32" if quant else None), self.device)
         blocks = {} if quant == FILE_ROUTE else None
-        cfg, tensors, self.tokenizer = load_model(path, progress, reader, blocks)
+        # the invariant route on the file's blocks reads no matrix's floats (llama.Llama's keep)
+        cfg, tensors, self.tokenizer = load_model(path, progress, reader, blocks, floats=not deterministic)
         if self.tokenizer.vocab_size > cfg.vocab_size:
             raise ModelLoadError(f"{path}: tokenizer has {self.tokenizer.vocab_size} tokens, model {cfg.vocab_size}")
         self.cfg = cfg
