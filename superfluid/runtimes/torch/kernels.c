@@ -496,7 +496,15 @@ static inline __attribute__((always_inline)) void tile_q6_k(const group_ptrs *w,
  * exactly the operations its row does in the 256-bit tiles above (the same integer sums,
  * then the same cvt, mul and fma per block in block order), so a row's bits do not depend
  * on which tile computed it: batch invariance holds across both. */
-#define MW 8 /* x rows per wide tile (used at any row count: one row gains from it too) */
+#define MW 8 /* x rows per wide tile */
+/* Steps of fewer x rows take the 256-bit tiles: streaming from memory (a decode step), two
+ * groups a vector read two streams a group apart and ran slower. Measured on an AMD EPYC Zen 4,
+ * 2 threads, a 1B-shape file's matrices (GB/s streamed, 256-bit vs wide): Q4_K 16384x2048 at
+ * 1 row 36.4 vs 23.1, 4 rows 22.4 vs 18.6, 5 rows 13.5 vs 17.7, 8 rows 10.9 vs 14.3; the
+ * Q6_K head likewise. The bits are the same either way. */
+#ifndef SF_WIDE_ROWS
+#define SF_WIDE_ROWS 5
+#endif
 #if defined(__AVX512VNNI__) && !defined(SF_NO_VNNI)
 #define SF_DPBUSD512(acc, u, s) _mm512_dpbusd_epi32((acc), (u), (s))
 #else /* exact as above: |u x s| pair sums stay within int16 for every kind's operands */
@@ -786,7 +794,7 @@ static void gemv_part(void *p, int part, int parts) {
         }
         int rows = w->N - g * R < R ? w->N - g * R : R;
 #if SF_WIDE
-        if (gg + 1 < hi && (g + 1) * R < w->N) { /* g and g + 1 together */
+        if (t->M >= SF_WIDE_ROWS && gg + 1 < hi && (g + 1) * R < w->N) { /* g and g + 1 together */
             float wout[MW * 2 * R];
             int rows1 = w->N - (g + 1) * R < R ? w->N - (g + 1) * R : R;
             for (int m0 = 0; m0 < t->M; m0 += MW) {
