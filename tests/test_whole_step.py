@@ -58,17 +58,22 @@ def mixed_step(rt) -> np.ndarray:
     return np.concatenate([np.stack(r) for r in rows])
 
 
+def assert_whole_step_is_op_by_op(rt, monkeypatch) -> None:
+    """sf_decode runs rt's decode and mixed steps, with the rows op by op gives."""
+    whole = decode_steps(rt), mixed_step(rt)
+    assert rt.model.native_decoder[1] is not None  # sf_decode ran those steps
+    monkeypatch.setattr(native, "WHOLE_STEP", False)
+    np.testing.assert_array_equal(decode_steps(rt), whole[0])
+    np.testing.assert_array_equal(mixed_step(rt), whole[1])
+    monkeypatch.setattr(native, "WHOLE_STEP", True)
+
+
 @pytest.mark.parametrize("quant", ["q8_0", "q4_1"])
 @pytest.mark.parametrize("feature", list(FEATURES))
 def test_whole_step_equals_the_layer_description(models, feature, quant, monkeypatch):
     for invariant in (True, False):
-        rt = TorchRuntime(models[feature], kv_cache_mb=4, quant=quant, invariant=invariant)
-        whole = decode_steps(rt), mixed_step(rt)
-        assert rt.model.native_decoder[1] is not None  # sf_decode ran those steps
-        monkeypatch.setattr(native, "WHOLE_STEP", False)
-        np.testing.assert_array_equal(decode_steps(rt), whole[0])
-        np.testing.assert_array_equal(mixed_step(rt), whole[1])
-        monkeypatch.setattr(native, "WHOLE_STEP", True)
+        assert_whole_step_is_op_by_op(TorchRuntime(models[feature], kv_cache_mb=4, quant=quant, invariant=invariant),
+                                      monkeypatch)
 
 
 def test_the_features_are_on(models):

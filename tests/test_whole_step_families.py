@@ -5,15 +5,14 @@ steps), and sf_experts to decoder.experts (the Python loop over experts) on the 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from superfluid.runtimes.torch import TorchRuntime, kernels, native
+from superfluid.runtimes.torch import TorchRuntime, kernels
 from superfluid.runtimes.torch.decoder import experts
 from superfluid.runtimes.torch.native import NativeKernels
 from test_architectures import tok_dir, write_family  # noqa: F401 (tok_dir: a fixture)
-from test_whole_step import decode_steps, mixed_step
+from test_whole_step import assert_whole_step_is_op_by_op
 
 FAMILIES = ["qwen3", "qwen3_moe", "olmoe", "mixtral"]
 
@@ -31,12 +30,7 @@ def test_whole_step_runs_the_family_as_the_description(folders, family, monkeypa
     for invariant in (True, False):
         rt = TorchRuntime(folders[family], kv_cache_mb=4, quant="q8_0", invariant=invariant)
         assert kernels.decoder_refusal(rt.model, rt.kv.k, rt.kv.v) is None
-        whole = decode_steps(rt), mixed_step(rt)
-        assert rt.model.native_decoder[1] is not None  # sf_decode ran those steps
-        monkeypatch.setattr(native, "WHOLE_STEP", False)
-        np.testing.assert_array_equal(decode_steps(rt), whole[0])
-        np.testing.assert_array_equal(mixed_step(rt), whole[1])
-        monkeypatch.setattr(native, "WHOLE_STEP", True)
+        assert_whole_step_is_op_by_op(rt, monkeypatch)
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "olmoe"])  # renormalised top weights, and not
