@@ -232,9 +232,12 @@ class Tokenizer(TokenizerAPI):
         return self.backend.id_to_token(token_id) or ""
 
     def token_bytes(self, token_id: int) -> bytes:
+        """A token's bytes; none for an id past the tokenizer's table: a model's embedding is
+        often padded beyond its tokenizer (Qwen3: 151,936 rows, 151,669 tokens), and a sampled
+        padding id renders as nothing (as llama.cpp does) instead of failing the request."""
         if self._bytes is None:
             self._bytes = self._all_bytes()
-        return self._bytes[token_id]
+        return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
 
     def _all_bytes(self) -> list[bytes]:
         table = _byte_decoder()

@@ -77,3 +77,15 @@ def test_sandboxed_template(ours):
 
     with pytest.raises(SecurityError):
         evil.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_an_id_past_the_tokenizer_renders_as_nothing(ours):
+    """A model's embedding is often padded beyond its tokenizer; a sampled padding id is no
+    text (and no error) in the detokenizer the engine streams with."""
+    from superfluid.engine.detokenizer import Detokenizer
+
+    V = ours.vocab_size
+    assert ours.token_bytes(V) == b"" and ours.token_bytes(V + 40) == b"" and ours.token_bytes(V - 1) != b""
+    d = Detokenizer(ours)
+    hello = ours.encode("Hello")
+    assert "".join(d.push(t) for t in [*hello, V + 3]) == "Hello"
