@@ -1394,7 +1394,7 @@ int sf_experts(const sf_moe *m, const float *h, int T, int D, float *out) {
     size_t TU = (size_t)T * U;
     /* an expert sees a row at most once, so its group has at most T rows */
     float *logits = malloc(sizeof(float) * ((size_t)T * E + 2 * TU + (size_t)T * (2 * (size_t)D + 3 * (size_t)F)));
-    int *idx = malloc(sizeof(int) * (2 * TU + (size_t)E + 1));
+    int *idx = malloc(sizeof(int) * (2 * TU + 2 * (size_t)E + 1));
     if (!logits || !idx) {
         free(logits);
         free(idx);
@@ -1402,23 +1402,18 @@ int sf_experts(const sf_moe *m, const float *h, int T, int D, float *out) {
     }
     float *wt = logits + (size_t)T * E, *rw = wt + TU, *hg = rw + TU, *gu = hg + (size_t)T * D, *act = gu + (size_t)T * 2 * F,
           *y = act + (size_t)T * F;
-    int *rows = idx + TU, *start = rows + TU;
+    int *rows = idx + TU, *start = rows + TU, *fill = start + E + 1;
     int rc = gemv(&m->router, h, logits, T, 0);
     if (!rc) {
         for (int t = 0; t < T; t++) route_row(logits + (size_t)t * E, E, U, m->renorm, idx + (size_t)t * U, wt + (size_t)t * U);
         memset(start, 0, sizeof(int) * ((size_t)E + 1));
         for (size_t i = 0; i < TU; i++) start[idx[i] + 1]++;
         for (int e = 0; e < E; e++) start[e + 1] += start[e];
-        int *fill = malloc(sizeof(int) * (size_t)E);
-        if (!fill) rc = -2;
-        else {
-            memcpy(fill, start, sizeof(int) * (size_t)E);
-            for (size_t i = 0; i < TU; i++) { /* row order within each expert */
-                int slot = fill[idx[i]]++;
-                rows[slot] = (int)(i / U);
-                rw[slot] = wt[i];
-            }
-            free(fill);
+        memcpy(fill, start, sizeof(int) * (size_t)E);
+        for (size_t i = 0; i < TU; i++) { /* row order within each expert */
+            int slot = fill[idx[i]]++;
+            rows[slot] = (int)(i / U);
+            rw[slot] = wt[i];
         }
     }
     memset(out, 0, sizeof(float) * (size_t)T * D);

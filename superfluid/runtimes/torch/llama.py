@@ -17,11 +17,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from . import native, quantized
+from . import native
 from .attention import StepMeta, attend, attend_fixed
 from .config import ModelConfig
 from .decoder import Experts, Layer, Options, experts, run
-from .qmat import NATIVE, QMat
+from .qmat import QMat
 from .quantized import FILE_ROUTE, Src, route_label
 
 ROW_BLOCK = 16  # deterministic mode: every matmul runs on [ROW_BLOCK, K] row blocks
@@ -98,16 +98,12 @@ class Llama:
         head = "embed" if cfg.tie_embeddings else "lm_head"
         self.lm_head = Mat(embed if cfg.tie_embeddings else put(tensors["lm_head"]), gemv16, head_quant,
                            src(head), keep)  # [V, D]
-        # The embedding table: on the file's all-native route, a table over EMBED_FLOATS_MAX
-        # (quantized.py)
-        # bytes in floats is gathered from the file's own blocks (QMat.rows: the same floats,
-        # 0.5-1 byte a weight instead of 4: a 128k vocabulary's fp32 table is 1 GB); else,
-        # and for small tables, whose gather costs more of a step than they cost memory,
-        # the float table.
-        self.embed_q = self._embed_blocks(cfg, src("embed"), quant, keep)
+        # The embedding table: where the loader gave it no floats (a large table on the file's
+        # all-native route: load_gguf, quantized.EMBED_FLOATS_MAX) its rows are gathered from the
+        # file's own blocks (QMat.rows: the same floats, 0.5-1 byte a weight instead of 4);
+        # else the float table.
+        self.embed_q = self._embed_blocks(cfg, src("embed")) if embed.is_meta else None
         self.embed = None if self.embed_q is not None else embed
-        if self.embed is not None and self.embed.is_meta:  # the loader kept no floats for a table we cannot gather
-            raise ValueError("the embedding table has neither floats nor blocks a kernel reads")
         self.layers = [self._layer(cfg, tensors, i, put, mat, src) for i in range(cfg.n_layers)]
         # the native route's name: the types its matrices run in ("Q4_K+Q6_K", "F16>q8_0")
         self.route = route_label([m.q for L in self.layers for m in _mats(L)] + [self.lm_head.q]) if quant else None
@@ -128,12 +124,11 @@ class Llama:
         if quant:  # the LM head's decode-sized products on the native kernels too
             self.linear = partial(native.linear, qrows=self.qrows)
 
-    def _embed_blocks(self, cfg: ModelConfig, s: Src, quant: str | None, keep: bool) -> QMat | None:
-        if quant != FILE_ROUTE or keep or s.parts[0].qtype not in NATIVE or s.parts[0].raw is None \
-                or s.w.numel() * 4 <= quantized.EMBED_FLOATS_MAX:
-            return None
+    def _embed_blocks(self, cfg: ModelConfig, s: Src) -> QMat:
         q = self.lm_head.q if cfg.tie_embeddings else s.qmat(FILE_ROUTE)
-        return q if isinstance(q, QMat) and q.source is not None else None
+        if not isinstance(q, QMat) or q.source is None:  # the loader only drops floats a kernel's blocks hold
+            raise ValueError("the embedding table has neither floats nor blocks a kernel reads")
+        return q
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """The embeddings of tokens [T] (in range: the runtime checks ids) -> [T, D]."""
