@@ -11,13 +11,16 @@ Invariants:
   temperature / top-k / top-p / min-p by inverse CDF. Logprobs come from the row after
   bias and penalties, before temperature.
 - Every function works on whole rows with numpy; nothing loops over the vocabulary.
-- The walk is defined to the bit: ties at the top-k edge keep the lowest ids, and every
-  sum is a running (sequential) sum in a stated order, so a vectorised sampler
-  (runtimes/torch/sample.py) can compute the same function with the same operations.
+- The walk is defined to the bit: weights are integers (``weights``), so every sum and
+  threshold is exact in any order; ties keep the lowest ids. A vectorised sampler
+  (runtimes/torch/sample.py) computes the same function with the same operations; only
+  the float32 exp must be the same implementation (numpy's, on a CPU).
 """
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Iterable
 
 import numpy as np
@@ -91,64 +94,105 @@ def logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int
     return float(lp[token]), top
 
 
-NUCLEUS_PROBE = 512  # top-p first looks for its nucleus among this many best tokens
 TEMPERATURE_FLOOR = 1e-6  # a sampled row is divided by max(temperature, this)
+WEIGHT_BITS = 40  # a weight is an integer in [0, 2^40]; the best token weighs 2^40
+ID_BITS = 20  # vocabularies up to 2^20 ids: every sum (< 2^60) and sort key fits in int64
+MAX_VOCAB = 1 << ID_BITS
+_ONE = float(1 << WEIGHT_BITS)
+_DRAW = float(1 << 53)
 
 
-def _desc_order(ids: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Positions of ids by descending weight, lowest id first on ties."""
-    return np.lexsort((ids, -w))
+def weights(row: np.ndarray, temperature: float) -> np.ndarray:
+    """The row's integer weights: floor(2^40 * exp((x - max) / t)) in float32 arithmetic, so
+    the best weighs 2^40 and ids below ~e^-27.7 of it (or at -inf) weigh 0 and are never
+    drawn. Integer sums are exact in any order, which is what lets a batched or parallel
+    sampler compute this function bit for bit; only exp must be the same one (numpy's)."""
+    x = np.asarray(row, dtype=np.float32)
+    if x.shape[0] > MAX_VOCAB:
+        raise ValueError(f"a row of {x.shape[0]} ids: the sampler takes at most {MAX_VOCAB}")
+    m = x.max()
+    if not np.isfinite(m):  # no finite logit (the caller's invariant says there is one): every id alike
+        return np.full(x.shape[0], 1 << WEIGHT_BITS, dtype=np.int64)
+    d = (x - m) / np.float32(max(temperature, TEMPERATURE_FLOOR))
+    return (np.exp(d) * np.float32(_ONE)).astype(np.int64)
 
 
-def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
-    """The ids of the k largest x, in id order; of ids tied at the k-th value, the lowest."""
-    kth = np.partition(x, x.shape[0] - k)[x.shape[0] - k]
-    above = np.flatnonzero(x > kth)
-    tied = np.flatnonzero(x == kth)[: k - above.shape[0]]
-    return np.sort(np.concatenate([above, tied]))
+def sort_keys(w: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Unique int64 keys, larger for a heavier id and, among equal weights, for a lower id."""
+    return (w << ID_BITS) + ((MAX_VOCAB - 1) - ids)
 
 
-def _nucleus(ids: np.ndarray, w: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """ids (in id order) and weights -> the walk's smallest prefix whose mass reaches top_p.
-    The mass is the walk's running sum over the running sum of w in id order. The probe
-    takes every weight tied at its edge, so its walk is a prefix of the whole walk."""
-    n = ids.shape[0]
-    total = np.cumsum(w)[-1]
-    part = np.arange(n)
-    if NUCLEUS_PROBE < n:
-        part = np.flatnonzero(w >= np.partition(w, n - NUCLEUS_PROBE)[n - NUCLEUS_PROBE])
-    order = part[_desc_order(ids[part], w[part])]
-    cum = np.cumsum(w[order]) / total
-    if cum[-1] < top_p and part.shape[0] < n:
-        order = _desc_order(ids, w)  # a flat distribution: sort it all
-        cum = np.cumsum(w[order]) / total
-    cut = min(int(np.searchsorted(cum, top_p, side="left")) + 1, n)  # at least one token
-    return ids[order[:cut]], w[order[:cut]]
+def min_p_floor(min_p: float) -> int:
+    """The least weight min-p keeps: ceil(min_p * 2^40), exact."""
+    return math.ceil(Fraction(min_p) * (1 << WEIGHT_BITS)) if min_p > 0.0 else 1
+
+
+def nucleus_mass(top_p: float, total: int) -> int:
+    """top-p's mass in weight units: the least integer >= top_p * total, exact."""
+    return math.ceil(Fraction(top_p) * total)
+
+
+def nucleus_floor(top_p: float, total: int, n: int) -> int:
+    """A weight every nucleus token reaches, given n kept tokens: those below it weigh at most
+    total - mass in all, so the walk's prefix at or above it already holds the nucleus (and
+    is a prefix: ties at the floor are in). Never above the best's weight."""
+    return min((total - nucleus_mass(top_p, total)) // n + 1, 1 << WEIGHT_BITS)  # the best is always in
+
+
+def draw_point(u: float, total: int) -> int:
+    """The draw's point in [0, total): floor(u * total) with u's 53 bits, exact. The token is
+    the first of the walk whose running weight exceeds it."""
+    return (int(u * _DRAW) * total) >> 53
+
+
+def _kept(row: np.ndarray, params: LaneParams) -> np.ndarray:
+    """The row's weights with min-p's cut as zeros."""
+    w = weights(row, params.temperature)
+    if params.min_p > 0.0:
+        w[w < min_p_floor(params.min_p)] = 0
+    return w
+
+
+def _ordered(params: LaneParams, n: int) -> bool:
+    return 0 < params.top_k < n or params.top_p < 1.0
+
+
+def _top_k(ids: np.ndarray, w: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest sort keys. First a floor no higher than the k-th weight: the least of
+    k disjoint slices' maxima (k weights reach it), one cheap pass."""
+    t = w[: (w.shape[0] // k) * k].reshape(k, -1).max(axis=1).min()
+    part = np.flatnonzero(w >= t)
+    ids, w = ids[part], w[part]
+    if ids.shape[0] > k:
+        part = np.argpartition(sort_keys(w, ids), ids.shape[0] - k)[ids.shape[0] - k:]
+        ids, w = ids[part], w[part]
+    return ids, w
 
 
 def walk(row: np.ndarray, params: LaneParams) -> tuple[np.ndarray, np.ndarray]:
-    """The inverse CDF's walk after temperature, top-k, top-p and min-p: token ids and
-    their weights (the best weighs 1). The walk is by descending weight (ties: lowest id
-    first) when top-k or top-p is on, else by id, which spares sorting the vocabulary."""
-    x = row.astype(np.float64) / max(params.temperature, TEMPERATURE_FLOOR)
-    n = x.shape[0]
-    top_k = 0 < params.top_k < n
-    if top_k:
-        ids = top_k_ids(x, params.top_k)
-    else:
-        ids = np.flatnonzero(np.isfinite(x))
-        if ids.size == 0:
-            ids = np.arange(n)
-    logits = x[ids]
-    w = np.exp(logits - logits.max())
-    if params.min_p > 0.0:
-        keep = w >= params.min_p
-        ids, w = ids[keep], w[keep]
+    """The inverse CDF's walk after temperature, top-k, min-p and top-p: token ids and their
+    integer weights (``weights``), zero weights left out. The walk is by descending weight
+    (ties: lowest id first) when top-k or top-p is on, else by id, which spares sorting.
+    top-k keeps the k best in that order; min-p keeps weights >= min_p * 2^40 (the best's
+    share); top-p keeps the walk's shortest prefix whose weight reaches top_p of the kept."""
+    w = _kept(row, params)
+    n = w.shape[0]
+    ids = np.flatnonzero(w)
+    w = w[ids]
+    if not _ordered(params, n):
+        return ids, w
+    if 0 < params.top_k < ids.shape[0]:
+        ids, w = _top_k(ids, w, params.top_k)
     if params.top_p < 1.0:
-        return _nucleus(ids, w, params.top_p)
-    if top_k:
-        order = _desc_order(ids, w)
-        ids, w = ids[order], w[order]
+        total = int(w.sum())
+        part = np.flatnonzero(w >= nucleus_floor(params.top_p, total, ids.shape[0]))
+        ids, w = ids[part], w[part]
+    order = np.argsort(-sort_keys(w, ids))
+    ids, w = ids[order], w[order]
+    if params.top_p < 1.0:
+        cum = np.cumsum(w)
+        cut = int(np.searchsorted(cum, nucleus_mass(params.top_p, total), side="left")) + 1
+        ids, w = ids[:cut], w[:cut]
     return ids, w
 
 
@@ -159,9 +203,13 @@ def candidates(row: np.ndarray, params: LaneParams) -> tuple[np.ndarray, np.ndar
 
 
 def sample(row: np.ndarray, params: LaneParams, u: float) -> int:
-    """Inverse CDF: the first token of the walk whose running weight over the total
-    (the running sum's last value) exceeds u; the last one if none does."""
-    ids, w = walk(row, params)
+    """Inverse CDF: the first token of the walk whose running weight exceeds the draw's point
+    (``draw_point``); there always is one, since the point is below the total. By id, the
+    running sum over the whole row (zeros add nothing) points at the id itself."""
+    if _ordered(params, np.shape(row)[0]):
+        ids, w = walk(row, params)
+    else:
+        ids, w = None, _kept(row, params)
     cum = np.cumsum(w)
-    at = int(np.searchsorted(cum / cum[-1], u, side="right"))
-    return int(ids[min(at, ids.shape[0] - 1)])
+    at = int(np.searchsorted(cum, draw_point(u, int(cum[-1])), side="right"))
+    return at if ids is None else int(ids[at])

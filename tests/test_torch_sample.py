@@ -13,7 +13,7 @@ from superfluid.abi import LaneParams
 from superfluid import sampling
 from superfluid.runtimes.base import Feed, SampleSpec
 from superfluid.runtimes.torch import TorchRuntime
-from superfluid.runtimes.torch.sample import _exp, sample_lanes
+from superfluid.runtimes.torch.sample import _exp, _weights, sample_lanes
 from superfluid_testing.tiny import TinyModel
 
 V = 1000
@@ -36,7 +36,7 @@ def random_row(rng: np.random.Generator) -> np.ndarray:
     elif kind == 2:  # tied best tokens over a normal tail
         row = rng.normal(0, 2, V)
         row[rng.choice(V, rng.integers(2, 6), replace=False)] = row.max() + 1.0
-    elif kind == 3:  # flat: the nucleus needs more than the 512-token probe
+    elif kind == 3:  # flat: the nucleus holds most of the row
         row = rng.normal(0, 0.05, V)
     elif kind == 4:  # masked ids (a grammar's -inf) over a wide normal
         row = rng.normal(0, 4, V)
@@ -64,41 +64,60 @@ def test_torch_sampler_matches_host_sampler_on_random_rows():
         b = int(rng.integers(1, 65))
         rows = np.stack([random_row(rng) for _ in range(b)])
         specs = [random_spec(rng) for _ in range(b)]
-        got = sample_lanes(torch.from_numpy(rows), specs)
-        assert got == [host(row, spec) for row, spec in zip(rows, specs)]
+        want = [host(row, spec) for row, spec in zip(rows, specs)]
+        assert sample_lanes(torch.from_numpy(rows), specs, batched=True) == want  # the batch, as off a CPU
+        assert sample_lanes(torch.from_numpy(rows), specs) == want
         n += b
     assert n > 1500
 
 
 def test_the_same_primitives_give_the_same_numbers():
-    """exp and running sums in float64 as the two samplers compute them, bit for bit (what
-    makes them one function on a CPU). torch.exp itself is not numpy's on every CPU (1 ulp on
-    ~2% of these inputs on a Zen 4), so the torch sampler takes numpy's exp there."""
-    x = np.random.default_rng(3).normal(0, 30, 1 << 20).clip(-700, 0)
+    """The one float operation the two samplers share, exp in float32, bit for bit (torch.exp
+    itself is not numpy's on every CPU, so the torch sampler takes numpy's there); and the
+    integer weights of a [S, V] batch are each row's own."""
+    x = np.random.default_rng(3).normal(0, 30, 1 << 20).clip(-100, 0).astype(np.float32)
     assert np.array_equal(np.exp(x), _exp(torch.from_numpy(x)).numpy())
     t = torch.from_numpy(x.reshape(1024, 1024)).t()  # not contiguous
     assert np.array_equal(np.exp(t.numpy()), _exp(t).numpy())
-    w = np.exp(x[:200_000])
-    assert np.array_equal(np.cumsum(w), torch.from_numpy(w).cumsum(-1).numpy())
+    rows = np.random.default_rng(4).normal(0, 6, (7, 1001)).astype(np.float32)
+    specs = [SampleSpec(float(t), 0, 1.0, 0.0, 0) for t in (0.3, 0.7, 1.0, 1.3, 2.0, 1e-7, 5.0)]
+    got = _weights(torch.from_numpy(rows), specs).numpy()
+    for row, spec, g in zip(rows, specs, got):
+        assert np.array_equal(g, sampling.weights(row, spec.temperature))
+
+
+def test_weights_and_thresholds_are_exact():
+    row = np.log(np.array([0.5, 0.25, 0.125, 0.0], dtype=np.float64) + 1e-300).astype(np.float32)
+    w = sampling.weights(row, 1.0)
+    assert w[0] == 1 << sampling.WEIGHT_BITS and w[3] == 0  # the best weighs 2^40; the tail nothing
+    assert abs(w[1] / w[0] - 0.5) < 1e-6 and abs(w[2] / w[0] - 0.25) < 1e-6
+    assert sampling.min_p_floor(0.5) == 1 << (sampling.WEIGHT_BITS - 1) and sampling.min_p_floor(0.0) == 1
+    assert sampling.nucleus_mass(0.5, 7) == 4 and sampling.nucleus_mass(1.0, 7) == 7
+    assert sampling.draw_point(0.0, 10) == 0 and sampling.draw_point(np.nextafter(1.0, 0.0), 10) == 9
+    # Every id tied: the nucleus floor never rises above the best's weight (top_p 0 keeps one).
+    flat = np.zeros(2000, dtype=np.float32)
+    assert sampling.candidates(flat, LaneParams(temperature=1.0, top_p=0.0))[0].tolist() == [0]
+    with pytest.raises(ValueError, match="at most"):
+        sampling.weights(np.zeros(sampling.MAX_VOCAB + 1, dtype=np.float32), 1.0)
 
 
 def test_ties_at_the_edges_keep_the_lowest_ids():
-    """At the top-k edge and at the nucleus probe's edge, whichever sampler."""
+    """At the top-k edge and at the nucleus's edge, whichever sampler."""
     row = np.zeros(V, dtype=np.float32)
     row[[7, 300]] = 1.0
-    assert sampling.top_k_ids(row.astype(np.float64), 4).tolist() == [0, 1, 7, 300]
     p = LaneParams(temperature=1.0, top_k=4)
-    assert sorted(sampling.candidates(row, p)[0].tolist()) == [0, 1, 7, 300]
-    flat = np.zeros(2 * sampling.NUCLEUS_PROBE, dtype=np.float32)  # every weight tied at the probe's edge
+    assert sampling.candidates(row, p)[0].tolist() == [7, 300, 0, 1]  # the walk: heaviest, then lowest ids
+    flat = np.zeros(2000, dtype=np.float32)  # every weight tied
     ids, _ = sampling.candidates(flat, LaneParams(temperature=1.0, top_p=0.4))
-    assert ids.tolist() == list(range(int(0.4 * flat.size) + 1))
+    # top_p is the float 0.4 (a hair above 2/5), exactly: 800 of 2000 fall short, 801 reach it.
+    assert ids.tolist() == list(range(801))
 
 
 def test_torch_sampler_edges():
     row = np.zeros(V, dtype=np.float32)  # all tied: greedy and top-k 1 take id 0; top-p the lowest ids
     specs = [SampleSpec(0.0, 0, 1.0, 0.0, 1), SampleSpec(1.0, 1, 1.0, 0.0, 2), SampleSpec(1.0, 0, 0.5, 0.0, 3),
              SampleSpec(1.0, 0, 1.0, 0.0, 4)]
-    got = sample_lanes(torch.from_numpy(np.stack([row] * 4)), specs)
+    got = sample_lanes(torch.from_numpy(np.stack([row] * 4)), specs, batched=True)
     assert got[:2] == [0, 0] and got[2] < V // 2
     assert got == [host(row, s) for s in specs]
     # u close to 1 takes the last candidate; u close to 0 the first.
@@ -108,7 +127,7 @@ def test_torch_sampler_edges():
     row[[3, 40, 700]] = [1.0, 2.0, 0.5]
     specs = [SampleSpec(1.0, 0, 1.0, 0.0, pos_hi), SampleSpec(1.0, 0, 1.0, 0.0, pos_lo),
              SampleSpec(1.0, 0, 0.99, 0.0, pos_hi), SampleSpec(1.0, 5, 1.0, 0.0, pos_hi)]
-    got = sample_lanes(torch.from_numpy(np.stack([row] * 4)), specs)
+    got = sample_lanes(torch.from_numpy(np.stack([row] * 4)), specs, batched=True)
     assert got == [700, 3, 700, 700] == [host(row, s) for s in specs]
 
 

@@ -7,8 +7,6 @@ asked for. Sequence lengths advance only after the forward ran.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import re
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +19,7 @@ from ...tokenizer import Tokenizer
 from ..base import Feed, MemCounters, OutOfBoundary, RuntimeDesc, SampleSpec, Vocabulary
 from .attention import KEY_BLOCK, build_meta
 from .gguf_weights import load_gguf, open_gguf
+from .heap import give_back_freed_memory, keep_step_heap
 from .hf_weights import load_hf
 from .llama import Llama
 from .paged import PagedKV
@@ -63,21 +62,6 @@ def load_model(path: Path, progress: bool = False, reader=None, blocks: dict | N
     return cfg, tensors, Tokenizer.from_hf(path)
 
 
-def _give_back_freed_memory() -> None:
-    """Return the loader's freed floats to the OS. The loader dequantizes every tensor to
-    fp32 and most are dropped once the kernels hold their blocks; glibc keeps that heap (its
-    mmap threshold rises after the first large frees), 2.2 GB of RSS on a 1B-shaped Q4_K_M.
-    A no-op where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = getattr(libc, "malloc_trim", None)
-    except OSError:
-        trim = None
-    if trim is not None:
-        trim(0)
-
-
 class TorchRuntime:
     def __init__(self, model: str | Path = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
                  device: str | None = None, kv_cache_mb: int = 1024, max_batch: int = 64,
@@ -103,7 +87,8 @@ class TorchRuntime:
         self.model = Llama(cfg, tensors, self.dtype, self.device, deterministic, native_bf16=cpu_has_native_bf16(),
                            quant=quant, positions=min(max_seq_len, cfg.max_position), blocks=blocks)
         del tensors, blocks
-        _give_back_freed_memory()
+        give_back_freed_memory()
+        keep_step_heap()
         self.deterministic = deterministic
         act = self.model.dtype  # activations and KV (fp32 when bf16 is only used for GEMV)
         cell_bytes = 2 * cfg.n_layers * cfg.kv_size * torch.tensor([], dtype=act).element_size()

@@ -1,22 +1,21 @@
-"""In-runtime sampling: the host sampler (superfluid/sampling.py) in torch, batched over
-the lanes on the logits' device: the same function, step for step.
+"""In-runtime sampling: the host sampler (superfluid/sampling.py), run lane by lane on a CPU
+(numpy makes fewer passes over a row than a batch of int64 tensor ops) and, on another
+device, in torch, batched over the lanes: the same function, step for step.
 
-Each step is sampling.walk / sampling.sample's, in the same floating-point operations:
 - A lane's draw is ``sampling.uniform(spec.rng_position)``: splitmix64 on the host, one
   float per lane, so a lane's token does not depend on what else shares the batch.
 - Greedy lanes (temperature 0) take argmax of the float32 row, lowest id winning ties.
-- Sampled lanes, in float64: x = row / max(temperature, TEMPERATURE_FLOOR); top-k keeps
-  the k largest x (when 0 < k < V; ties at the k-th value: the lowest ids,
-  ``sampling.top_k_ids``), else every finite x; weights w = exp(x - max), the best weighs 1;
-  min-p keeps w >= min_p; top-p keeps the smallest prefix of the walk whose running sum of
-  w, over the running sum of w in id order, reaches top_p (at least one token); the token
-  is the first whose running weight over the kept total exceeds u (the last if none does).
-- The walk is by descending w, lowest id first on ties, when top-k or top-p is on;
-  otherwise by id. Every sum is a running sum (cumsum) in that order, as on the host;
-  tests/test_torch_sample.py checks the tokens are equal on thousands of random rows.
+- Sampled lanes: the row's integer weights (``sampling.weights``: float32 arithmetic, then
+  floor(2^40 * exp)), min-p's floor, top-k as the k largest ``sampling.sort_keys``, top-p's
+  exact mass over the kept total, and the draw's point (``sampling.draw_point``): every sum,
+  cut and comparison is on int64, so it is exact in any order, and only exp must be the
+  host's (numpy's, run on the tensor's memory, on a CPU).
+- The walk is by descending weight, lowest id first on ties, when top-k or top-p is on;
+  otherwise by id. tests/test_torch_sample.py checks the tokens are equal on thousands of
+  random rows.
 
-Rows are finite or -inf (a grammar's mask), with at least one finite logit. A GPU's exp
-and scans may round differently from the CPU's; on a CPU the operations are numpy's.
+Rows are finite or -inf (a grammar's mask); a row with no finite logit (or a NaN) weighs
+every id alike, as on the host. A GPU's exp may round differently from the CPU's.
 """
 
 from __future__ import annotations
@@ -27,71 +26,107 @@ import numpy as np
 import torch
 
 from ... import sampling
+from ...abi import LaneParams
 from ..base import SampleSpec
+
+_ONE = float(1 << sampling.WEIGHT_BITS)
+_FULL_SORT = 8  # a walk longer than V / this is sorted whole rather than by topk
 
 
 def _exp(x: torch.Tensor) -> torch.Tensor:
-    """exp as the host computes it. numpy's and torch's float64 exp differ in the last bit for
-    ~2% of inputs on some CPUs (numpy's AVX-512 exp on a Zen 4): on a CPU this is numpy's,
-    run on the tensor's own memory."""
+    """exp as the host computes it: numpy's (numpy's and torch's differ in the last bit for
+    some inputs on some CPUs), run on the tensor's own memory on a CPU."""
     if x.device.type != "cpu":
         return torch.exp(x)
     x = x.contiguous()
     return torch.from_numpy(np.exp(x.numpy()))
 
 
-def sample_lanes(logits: torch.Tensor, specs: Sequence[SampleSpec]) -> list[int]:
-    """logits: [B, V] float32, one row per spec; one token per lane (one host sync)."""
+def sample_lanes(logits: torch.Tensor, specs: Sequence[SampleSpec], batched: bool | None = None) -> list[int]:
+    """logits: [B, V] float32, one row per spec; one token per lane. batched (default: off
+    a CPU) takes the torch batch on any device (tests check it against the host on a CPU)."""
     tokens = torch.argmax(logits, dim=-1)  # [B]; first maximum: lowest id wins ties
     lanes = [i for i, s in enumerate(specs) if s.temperature > 0.0]
-    if lanes:
-        at = torch.tensor(lanes, dtype=torch.int64, device=logits.device)
-        tokens[at] = _sample(logits[at], [specs[i] for i in lanes], tokens[at])
-    return tokens.tolist()
+    if not lanes:
+        return tokens.tolist()
+    out = tokens.tolist()
+    if not (logits.device.type != "cpu" if batched is None else batched):  # the host's own function, lane by lane: fewer passes than the batch's
+        rows = logits.float().numpy()
+        for i in lanes:
+            out[i] = sampling.sample(rows[i], _params(specs[i]), sampling.uniform(specs[i].rng_position))
+        return out
+    at = torch.tensor(lanes, dtype=torch.int64, device=logits.device)
+    for i, t in zip(lanes, _sample(logits[at], [specs[i] for i in lanes])):
+        out[i] = t
+    return out
 
 
-def _sample(logits: torch.Tensor, specs: list[SampleSpec], greedy: torch.Tensor) -> torch.Tensor:
-    """logits: [S, V] float32 of sampled lanes; greedy: [S] their argmax -> [S] tokens."""
+def _params(s: SampleSpec) -> LaneParams:
+    return LaneParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
+
+
+def _weights(logits: torch.Tensor, specs: list[SampleSpec]) -> torch.Tensor:
+    """[S, V] float32 -> [S, V] int64: sampling.weights, then min-p and top-k (zeros out)."""
+    S, V = logits.shape
+    if V > sampling.MAX_VOCAB:
+        raise ValueError(f"a row of {V} ids: the sampler takes at most {sampling.MAX_VOCAB}")
+    dev = logits.device
+    temp = torch.tensor([[max(s.temperature, sampling.TEMPERATURE_FLOOR)] for s in specs], dtype=torch.float32,
+                        device=dev)
+    m = logits.amax(-1, keepdim=True)
+    d = torch.where(torch.isfinite(m), (logits - m) / temp, 0.0)
+    w = (_exp(d) * _ONE).to(torch.int64)
+    if any(s.min_p > 0.0 for s in specs):  # (a floor of 1 changes nothing: zeros stay zeros)
+        floor = torch.tensor([[sampling.min_p_floor(s.min_p)] for s in specs], dtype=torch.int64, device=dev)
+        w = torch.where(w >= floor, w, 0)
+    ks = [s.top_k if 0 < s.top_k < V else 0 for s in specs]
+    if any(ks):
+        keys = sampling.sort_keys(w, torch.arange(V, device=dev))
+        k = torch.tensor([[max(x, 1)] for x in ks], dtype=torch.int64, device=dev)
+        kth = torch.topk(keys, max(ks), dim=-1).values.gather(1, k - 1)  # keys are unique
+        use_k = torch.tensor([[x > 0] for x in ks], device=dev)
+        w = torch.where(use_k & (keys < kth), 0, w)
+    return w
+
+
+def _sample(logits: torch.Tensor, specs: list[SampleSpec]) -> list[int]:
+    """logits: [S, V] float32 of sampled lanes -> their tokens."""
     S, V = logits.shape
     dev = logits.device
-    # One transfer of the per-lane settings: [S, 6] float64 (top_k is exact there).
-    cols = torch.tensor([[max(s.temperature, sampling.TEMPERATURE_FLOOR), s.top_k if 0 < s.top_k < V else 0,
-                          s.top_p, s.min_p, sampling.uniform(s.rng_position), float(s.top_p < 1.0 or 0 < s.top_k < V)]
-                         for s in specs], dtype=torch.float64, device=dev)
-    temp, k, top_p, min_p, u, ordered = (cols[:, j: j + 1] for j in range(6))  # each [S, 1]
-    k, ordered = k.long(), ordered.bool()
+    w = _weights(logits, specs)
+    totals = w.sum(-1).tolist()
+    ordered = [s.top_p < 1.0 or 0 < s.top_k < V for s in specs]
+    kept = (w > 0).sum(-1).tolist() if any(s.top_p < 1.0 for s in specs) else [V] * S
+    tokens = [0] * S
 
-    x = logits.double() / temp  # [S, V]
-    finite = torch.isfinite(x)
-    cand = finite | ~finite.any(-1, keepdim=True)  # the host's fallback: every id when none is finite
-    use_k = k > 0
-    if bool(use_k.any()):
-        kth = torch.topk(x, int(k.max()), dim=-1).values.gather(1, (k - 1).clamp(min=0))  # [S, 1]
-        above, tied = x > kth, x == kth
-        in_k = above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))  # lowest tied ids
-        cand = torch.where(use_k, in_k, cand)
-    best = torch.where(cand, x, -torch.inf).amax(-1, keepdim=True)
-    w = _exp(x - best)  # [S, V]; the best candidate weighs 1
-    cand &= (min_p <= 0.0) | (w >= min_p)
+    by_id = [i for i in range(S) if not ordered[i]]
+    if by_id:  # the walk by id: the first id whose running weight passes the point
+        cum = w[by_id].cumsum(-1)
+        points = torch.tensor([[sampling.draw_point(sampling.uniform(specs[i].rng_position), totals[i])]
+                               for i in by_id], dtype=torch.int64, device=dev)
+        for i, t in zip(by_id, torch.searchsorted(cum, points, right=True)[:, 0].tolist()):
+            tokens[i] = t
 
-    # The walk: candidates first, by descending w (stable: lowest id first on ties) or by id.
-    key = torch.where(cand, torch.where(ordered, w, 1.0), -1.0)
-    order = torch.sort(key, dim=-1, descending=True, stable=True).indices  # [S, V]
-    cs = cand.gather(1, order)  # a prefix of each row
-    ws = torch.where(cs, w.gather(1, order), 0.0)
-    n_cand = cs.sum(-1, keepdim=True)
-    pos = torch.arange(V, device=dev)[None]
-
-    # top-p: the smallest prefix whose mass reaches top_p (searchsorted left, + 1); the
-    # total is the running sum of the candidates' w in id order (zeros add nothing).
-    cum = ws.cumsum(-1) / torch.where(cand, w, 0.0).cumsum(-1)[:, -1:]
-    cut = torch.minimum(((cum < top_p) & cs).sum(-1, keepdim=True) + 1, n_cand)
-    keep = cs & ((top_p >= 1.0) | (pos < cut))
-    wk = torch.where(keep, ws, 0.0)
-
-    # Inverse CDF: the first kept token whose cumulative probability exceeds u.
-    cdf = wk.cumsum(-1)
-    cdf = cdf / cdf[:, -1:]
-    n_keep = keep.sum(-1, keepdim=True)
-    at = torch.minimum(((cdf <= u) & keep).sum(-1, keepdim=True), n_keep - 1).clamp(min=0)
-    return torch.where(n_keep[:, 0] > 0, order.gather(1, at)[:, 0], greedy)
+    walked = [i for i in range(S) if ordered[i]]
+    if walked:  # the walk by descending key over the weights at or above each lane's floor
+        floors = torch.tensor([[sampling.nucleus_floor(specs[i].top_p, totals[i], kept[i])
+                                if specs[i].top_p < 1.0 else 1] for i in walked], dtype=torch.int64, device=dev)
+        ww = w[walked]
+        keys = torch.where(ww >= floors, sampling.sort_keys(ww, torch.arange(V, device=dev)), -1)
+        n = int((keys >= 0).sum(-1).max())
+        if n * _FULL_SORT > V:
+            top, idx = torch.sort(keys, dim=-1, descending=True)
+            top, idx = top[:, :n], idx[:, :n]
+        else:
+            top, idx = torch.topk(keys, n, dim=-1)  # sorted, and unique keys: one order
+        cum = torch.where(top >= 0, top >> sampling.ID_BITS, 0).cumsum(-1)  # [W, n]
+        mass = torch.tensor([[sampling.nucleus_mass(specs[i].top_p, totals[i]) if specs[i].top_p < 1.0
+                              else totals[i]] for i in walked], dtype=torch.int64, device=dev)
+        cut = (cum < mass).sum(-1, keepdim=True)  # the last kept position (the mass is reached there)
+        walk_totals = cum.gather(1, cut.clamp(max=n - 1))[:, 0].tolist()
+        points = torch.tensor([[sampling.draw_point(sampling.uniform(specs[i].rng_position), t)]
+                               for i, t in zip(walked, walk_totals)], dtype=torch.int64, device=dev)
+        pos = (cum <= points).sum(-1, keepdim=True)
+        for i, t in zip(walked, idx.gather(1, pos).tolist()):
+            tokens[i] = t[0]
+    return tokens
