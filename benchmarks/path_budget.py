@@ -19,6 +19,7 @@ Each layer's own cost is its figure minus the one below it. Writes JSON (the med
 run, the machine) to benchmarks/results/path_budget.json and prints a Markdown table.
 
     .venv/bin/python benchmarks/path_budget.py [--rounds 3] [--tokens 64] [--server-arg=--quant=q4_1]
+    .venv/bin/python benchmarks/path_budget.py --model build/rand-1b-q4_k_m.gguf --out benchmarks/results/path_budget_1b.json
     .venv/bin/python benchmarks/path_budget.py --runtime llamacpp --out benchmarks/results/path_budget_llamacpp.json
 """
 
@@ -123,6 +124,7 @@ def server_ms(args, in_process: bool, messages: list[dict]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None, help="a GGUF (default: the default model); the servers get --model too")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--streams", type=int, default=3, help="streams per server per round")
@@ -149,8 +151,10 @@ def main() -> None:
     if not args.speculative:
         args.server_arg.append("--no-speculative")
     args.server_arg.append(f"--runtime={args.runtime}")
+    if args.model:
+        args.server_arg.append(f"--model={args.model}")
     for rnd in range(args.rounds):
-        llm = LLM(runtime=args.runtime, scheduler=SchedulerConfig(speculative=args.speculative))
+        llm = LLM(args.model, runtime=args.runtime, scheduler=SchedulerConfig(speculative=args.speculative))
         tok = llm.engine.tokenizer
         prompt_ids = tok.encode(tok.apply_chat_template(messages))
         runs["runtime"].append(runtime_ms(llm.engine.ex.prim, prompt_ids, args.tokens))  # the runtime the engine drives
@@ -162,7 +166,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in runs.items()}
     below = dict(zip(LAYERS[1:], LAYERS[:-1]))
     own = {k: med[k] - (med[below[k]] if k in below else 0.0) for k in LAYERS}
-    report = {"benchmark": "path_budget", "runtime": args.runtime, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+    report = {"benchmark": "path_budget", "model": args.model or "default", "runtime": args.runtime, "cpu": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
               "tokens": args.tokens, "rounds": args.rounds, "server_args": args.server_arg,
               "load_avg": list(os.getloadavg()), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "ms_per_token": med, "own_ms_per_token": own, "runs": runs}

@@ -15,6 +15,7 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from ..abi import LaneParams
 from ..vocabulary import Vocabulary  # noqa: F401  (a leaf: the tokenizer builds it too)
 
 
@@ -92,6 +93,10 @@ class SampleSpec:
     top_p: float
     min_p: float
     rng_position: int  # rng_base + rng_counter: the draw is uniform(rng_position)
+
+    def lane_params(self) -> LaneParams:
+        """The filters as the host sampler (superfluid/sampling.py) takes them."""
+        return LaneParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
 @dataclass(frozen=True)

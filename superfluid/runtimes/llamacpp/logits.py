@@ -23,7 +23,6 @@ import numpy as np
 
 import llama_cpp as L
 
-from ...abi import LaneParams
 from ... import sampling as hs
 from ..base import Fatal, SampleSpec
 
@@ -49,13 +48,9 @@ class LogitsView:
         return self._view
 
 
-def _params(spec: SampleSpec) -> LaneParams:
-    return LaneParams(temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p, min_p=spec.min_p)
-
-
 def sample_rows(rows: np.ndarray, specs: Sequence[SampleSpec]) -> list[int]:
     """rows: [B, V] float32, one per spec -> one token per lane, as the host would pick it."""
     if all(s.temperature <= 0.0 for s in specs):
         return np.argmax(rows, axis=1).tolist()  # per row: the first maximum, as hs.argmax
-    return [hs.argmax(row) if s.temperature <= 0.0 else hs.sample(row, _params(s), hs.uniform(s.rng_position))
+    return [hs.argmax(row) if s.temperature <= 0.0 else hs.sample(row, s.lane_params(), hs.uniform(s.rng_position))
             for row, s in zip(rows, specs)]

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 
 from ... import sampling
-from ...abi import LaneParams
 from ..base import SampleSpec
 
 _ONE = float(1 << sampling.WEIGHT_BITS)
@@ -53,16 +52,12 @@ def sample_lanes(logits: torch.Tensor, specs: Sequence[SampleSpec], batched: boo
     if not (logits.device.type != "cpu" if batched is None else batched):  # the host's own function, lane by lane: fewer passes than the batch's
         rows = logits.float().numpy()
         for i in lanes:
-            out[i] = sampling.sample(rows[i], _params(specs[i]), sampling.uniform(specs[i].rng_position))
+            out[i] = sampling.sample(rows[i], specs[i].lane_params(), sampling.uniform(specs[i].rng_position))
         return out
     at = torch.tensor(lanes, dtype=torch.int64, device=logits.device)
     for i, t in zip(lanes, _sample(logits[at], [specs[i] for i in lanes])):
         out[i] = t
     return out
-
-
-def _params(s: SampleSpec) -> LaneParams:
-    return LaneParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p)
 
 
 def _weights(logits: torch.Tensor, specs: list[SampleSpec]) -> torch.Tensor:
