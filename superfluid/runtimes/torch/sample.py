@@ -49,7 +49,9 @@ def sample_lanes(logits: torch.Tensor, specs: Sequence[SampleSpec], batched: boo
     if not lanes:
         return tokens.tolist()
     out = tokens.tolist()
-    if not (logits.device.type != "cpu" if batched is None else batched):  # the host's own function, lane by lane: fewer passes than the batch's
+    if batched is None:
+        batched = logits.device.type != "cpu"
+    if not batched:  # the host's own function, lane by lane: fewer passes over a row than the batch's
         rows = logits.float().numpy()
         for i in lanes:
             out[i] = sampling.sample(rows[i], specs[i].lane_params(), sampling.uniform(specs[i].rng_position))
