@@ -764,6 +764,242 @@ static void wide(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, fl
 }
 #endif
 
+/* ------------------------------------------------------------------- AMX tiles
+ *
+ * Where the CPU has AMX-INT8 and the kernel grants the tile state (Linux asks a process to
+ * request it: arch_prctl(ARCH_REQ_XCOMP_PERM); a refusal, or SF_NO_AMX, keeps the wide tiles),
+ * steps of >= 16 x rows run the integer part of each block on the tile unit: one TDPBSUD
+ * (q8_0: TDPBSSD) gives a block's exact int32 sum for 16 x rows (A, read in place from xq)
+ * by 16 weight rows (B: a pair of groups, the lanes of a wide tile, unpacked to bytes).
+ * A 4-byte column of B is 4 consecutive k of one row, which is how the interleaved layout
+ * already stores them, so B's rows are the wide tiles' unpacked vectors as they are. The
+ * epilogue is the wide tiles' own (the same cvt, mul and fma per block, in block order), so
+ * an x row's bits do not depend on which tiles computed it (tests/test_native_kernels.py).
+ * The last M % 16 rows take the wide tiles. */
+#if SF_WIDE && defined(__AMX_TILE__) && defined(__AMX_INT8__) && !defined(SF_NO_AMX)
+#define SF_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#define MA 64 /* x rows per pass over the blocks: 4 tiles of 16, one C register each */
+
+static atomic_int amx_state; /* 0: not asked yet, 1: granted, -1: refused */
+
+static int amx_granted(void) {
+    int s = atomic_load_explicit(&amx_state, memory_order_acquire);
+    if (!s) { /* process-wide: one grant covers every thread */
+        s = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0 ? 1 : -1;
+        atomic_store_explicit(&amx_state, s, memory_order_release);
+    }
+    return s > 0;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((aligned(64))) amx_config;
+
+/* tmm0-3: C, 16 x 16 int32 (q6_k: lo and hi sums of two x tiles). Otherwise tmm4, tmm6, tmm7:
+ * A, 16 x rows by one block's 32 bytes; tmm5: B, 8 rows of 64 bytes. q6_k: tmm4/tmm6 the halves of A (16
+ * bytes), tmm5/tmm7 those of B (4 rows). Loaded on every call: a thread's configuration is
+ * its own, and torch's oneDNN may have set another on the calling thread. */
+static void amx_configure(int q6) {
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 4; i++) c.rows[i] = 16, c.colsb[i] = 64;
+    if (q6) {
+        c.rows[4] = c.rows[6] = 16, c.colsb[4] = c.colsb[6] = 16;
+        c.rows[5] = c.rows[7] = 4, c.colsb[5] = c.colsb[7] = 64;
+    } else {
+        c.rows[4] = c.rows[6] = c.rows[7] = 16, c.colsb[4] = c.colsb[6] = c.colsb[7] = 32;
+        c.rows[5] = 8, c.colsb[5] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Block b of groups w0, w1 as B's bytes (q6_k: 256 of the low half's k, then 256 of the high). */
+static inline void amx_unpack(int kind, const group_ptrs *w0, const group_ptrs *w1, int b, uint8_t *B) {
+    if (kind == SF_Q8_0) {
+        for (int j = 0; j < 8; j++)
+            _mm512_store_si512((void *)(B + 64 * j), pair256(w0->q + (size_t)b * 256 + 32 * j, w1->q + (size_t)b * 256 + 32 * j));
+        return;
+    }
+    const __m512i low = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16), three = _mm512_set1_epi8(3);
+    __m512i hb = _mm512_setzero_si512();
+    if (kind == SF_Q5_1 || kind == SF_Q5_K) hb = pair256(w0->qh + (size_t)b * 32, w1->qh + (size_t)b * 32);
+    for (int j = 0; j < 4; j++) {
+        __m512i v = pair256(w0->q + (size_t)b * 128 + 32 * j, w1->q + (size_t)b * 128 + 32 * j);
+        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        if (kind == SF_Q5_1 || kind == SF_Q5_K) {
+            lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(1 << j))), lo, sixteen);
+            hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(hb, _mm512_set1_epi8((char)(16 << j))), hi, sixteen);
+        } else if (kind == SF_Q6_K) {
+            __m512i h = pair256(w0->qh + (size_t)b * 64 + 32 * (j >> 1), w1->qh + (size_t)b * 64 + 32 * (j >> 1));
+            int sh = 4 * (j & 1);
+            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, sh), three), 4));
+            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h, sh + 2), three), 4));
+        }
+        _mm512_store_si512((void *)(B + 64 * j), lo);
+        _mm512_store_si512((void *)(B + 64 * (4 + j)), hi);
+    }
+}
+
+/* Block b's scales for groups p0, p1, as the wide tiles form them: d (q6_k: and the
+ * sub-block scales c0, c1), and the min's factor mn where the kind has one. */
+typedef struct {
+    __m512 d, mn;
+    __m512i c0, c1;
+} amx_scales;
+
+static inline amx_scales amx_scales_of(int kind, const group_ptrs *p0, const group_ptrs *p1, int b) {
+    amx_scales a = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    if (kind == SF_Q6_K) {
+        a.c0 = _mm512_cvtepi8_epi32(pair64(p0->sc + (size_t)b * 2 * R, p1->sc + (size_t)b * 2 * R));
+        a.c1 = _mm512_cvtepi8_epi32(pair64(p0->sc + (size_t)b * 2 * R + R, p1->sc + (size_t)b * 2 * R + R));
+        a.d = pair_half8(p0->d + (size_t)(b / 8) * R, p1->d + (size_t)(b / 8) * R);
+    } else if (kind_k(kind)) {
+        a.d = _mm512_mul_ps(pair_half8(p0->d + (size_t)(b / 8) * R, p1->d + (size_t)(b / 8) * R),
+                            pair_u8x8(p0->sc + (size_t)b * R, p1->sc + (size_t)b * R));
+        a.mn = _mm512_mul_ps(pair_half8(p0->m + (size_t)(b / 8) * R, p1->m + (size_t)(b / 8) * R),
+                             pair_u8x8(p0->mn + (size_t)b * R, p1->mn + (size_t)b * R));
+    } else {
+        a.d = pair_half8(p0->d + (size_t)b * R, p1->d + (size_t)b * R);
+        if (kind != SF_Q8_0) a.mn = pair_half8(p0->m + (size_t)b * R, p1->m + (size_t)b * R);
+    }
+    return a;
+}
+
+/* Scratch for one pair of groups: every block's B bytes, its scales as vectors, and one x
+ * tile's block sums (q6_k: the two halves' each). */
+typedef struct {
+    uint8_t *B;    /* [nb][512] */
+    int32_t *C;    /* [nb][2][256] */
+    float *dv, *mv; /* [nb][16] */
+    int32_t *cv;   /* q6_k: [nb][2][16] */
+} amx_scratch;
+
+static size_t amx_scratch_bytes(int nb) { return (size_t)nb * (512 + 2048 + 64 + 64 + 128); }
+
+static amx_scratch amx_scratch_at(void *p, int nb) {
+    uint8_t *b = p;
+    amx_scratch s = {b, (int32_t *)(b + (size_t)nb * 512), (float *)(b + (size_t)nb * 2560), (float *)(b + (size_t)nb * 2624),
+                     (int32_t *)(b + (size_t)nb * 2688)};
+    return s;
+}
+
+/* One block's products into C register c (an immediate) and on to memory. */
+#define SF_AMX_BLOCK(c, a, sud, B, x, K, out) \
+    do {                                      \
+        _tile_loadd(5, (B), 64);              \
+        _tile_loadd(a, (x), (K));             \
+        _tile_zero(c);                        \
+        if (sud)                              \
+            _tile_dpbsud(c, a, 5);            \
+        else                                  \
+            _tile_dpbssd(c, a, 5);            \
+        _tile_stored(c, (out), 64);           \
+    } while (0)
+#define SF_AMX_BLOCK6(c, c1, B, x, K, out) \
+    do {                                   \
+        _tile_loadd(5, (B), 64);           \
+        _tile_loadd(7, (B) + 256, 64);     \
+        _tile_loadd(4, (x), (K));          \
+        _tile_loadd(6, (x) + 16, (K));     \
+        _tile_zero(c);                     \
+        _tile_zero(c1);                    \
+        _tile_dpbsud(c, 4, 5);             \
+        _tile_dpbsud(c1, 6, 7);            \
+        _tile_stored(c, (out), 64);        \
+        _tile_stored(c1, (out) + 256, 64); \
+    } while (0)
+
+/* Groups g and g + 1 of w against x rows [m0, m0 + mt), mt a multiple of 16 up to MA:
+ * out [mt][16], as wide() gives them. Every block is unpacked and its scales formed once;
+ * then per x tile the tile unit computes every block's sums (C registers in turn, so one
+ * block's product overlaps the last one's store), and each x row runs its FMA chain over
+ * the blocks in order with the accumulators in registers. */
+static inline __attribute__((always_inline)) void amx_pair_kind(int kind, const gemv_task *t, const sf_qmat *w, int g,
+                                                                int m0, int mt, float *out, amx_scratch sc) {
+    const int nb = t->K / QK, q6 = kind == SF_Q6_K, ks = kind_k(kind), qmin = kind != SF_Q8_0 && !q6;
+    const size_t K = (size_t)t->K;
+    group_ptrs p0 = group_of(w, (size_t)g), p1 = group_of(w, (size_t)g + 1);
+    for (int b = 0; b < nb; b++) {
+        amx_unpack(kind, &p0, &p1, b, sc.B + (size_t)b * 512);
+        amx_scales a = amx_scales_of(kind, &p0, &p1, b);
+        _mm512_store_ps(sc.dv + 16 * b, a.d);
+        _mm512_store_ps(sc.mv + 16 * b, a.mn);
+        if (q6) {
+            _mm512_store_si512((void *)(sc.cv + 32 * b), a.c0);
+            _mm512_store_si512((void *)(sc.cv + 32 * b + 16), a.c1);
+        }
+    }
+    for (int r = 0; r < mt; r += 16) {
+        const int8_t *xq = t->xq + (size_t)(m0 + r) * K;
+        if (q6) {
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *B = sc.B + (size_t)b * 512;
+                if (b & 1)
+                    SF_AMX_BLOCK6(2, 3, B, xq + (size_t)b * QK, K, sc.C + (size_t)b * 512);
+                else
+                    SF_AMX_BLOCK6(0, 1, B, xq + (size_t)b * QK, K, sc.C + (size_t)b * 512);
+            }
+        } else {
+            const int sud = kind != SF_Q8_0;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *B = sc.B + (size_t)b * 512;
+                const int8_t *x = xq + (size_t)b * QK;
+                int32_t *o = sc.C + (size_t)b * 256;
+                switch (b & 3) {
+                case 0: SF_AMX_BLOCK(0, 4, sud, B, x, K, o); break;
+                case 1: SF_AMX_BLOCK(1, 6, sud, B, x, K, o); break;
+                case 2: SF_AMX_BLOCK(2, 7, sud, B, x, K, o); break;
+                default: SF_AMX_BLOCK(3, 4, sud, B, x, K, o); break;
+                }
+            }
+        }
+        for (int m = r; m < r + 16; m++) {
+            const float *xd = t->xd + (size_t)(m0 + m) * nb, *xs = t->xs + (size_t)(m0 + m) * nb;
+            const int32_t *x16 = t->x16 + (size_t)(m0 + m) * 2 * nb;
+            __m512 acc = _mm512_setzero_ps(), macc = _mm512_setzero_ps();
+            for (int b = 0; b < nb; b++) {
+                __m512 f;
+                if (q6) {
+                    const int32_t *s0 = sc.C + (size_t)b * 512 + 16 * (m - r);
+                    f = _mm512_cvtepi32_ps(_mm512_add_epi32(
+                        _mm512_mullo_epi32(_mm512_load_si512((const void *)(sc.cv + 32 * b)),
+                                           _mm512_sub_epi32(_mm512_load_si512((const void *)s0), _mm512_set1_epi32(32 * x16[2 * b]))),
+                        _mm512_mullo_epi32(_mm512_load_si512((const void *)(sc.cv + 32 * b + 16)),
+                                           _mm512_sub_epi32(_mm512_load_si512((const void *)(s0 + 256)), _mm512_set1_epi32(32 * x16[2 * b + 1])))));
+                } else
+                    f = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(sc.C + (size_t)b * 256 + 16 * (m - r))));
+                acc = _mm512_fmadd_ps(f, _mm512_mul_ps(_mm512_load_ps(sc.dv + 16 * b), _mm512_set1_ps(xd[b])), acc);
+                if (qmin)
+                    macc = ks ? _mm512_fnmadd_ps(_mm512_load_ps(sc.mv + 16 * b), _mm512_set1_ps(xs[b]), macc)
+                              : _mm512_fmadd_ps(_mm512_load_ps(sc.mv + 16 * b), _mm512_set1_ps(xs[b]), macc);
+            }
+            _mm512_storeu_ps(out + 16 * m, qmin ? _mm512_add_ps(acc, macc) : acc);
+        }
+    }
+}
+#undef SF_AMX_BLOCK
+#undef SF_AMX_BLOCK6
+
+static void amx_pair(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, float *out, amx_scratch sc) {
+    switch (w->kind) { /* a constant kind per copy: no branches in the block loops */
+    case SF_Q8_0: amx_pair_kind(SF_Q8_0, t, w, g, m0, mt, out, sc); return;
+    case SF_Q4_1: amx_pair_kind(SF_Q4_1, t, w, g, m0, mt, out, sc); return;
+    case SF_Q5_1: amx_pair_kind(SF_Q5_1, t, w, g, m0, mt, out, sc); return;
+    case SF_Q4_K: amx_pair_kind(SF_Q4_K, t, w, g, m0, mt, out, sc); return;
+    case SF_Q5_K: amx_pair_kind(SF_Q5_K, t, w, g, m0, mt, out, sc); return;
+    case SF_Q6_K: amx_pair_kind(SF_Q6_K, t, w, g, m0, mt, out, sc); return;
+    }
+}
+#else
+#define SF_AMX 0
+#define MA MW
+#endif
+
 /* y rows [m0, m0 + mt) at column col += or = out [mt][stride] (its first `rows` lanes). */
 static inline void put_rows(const gemv_task *t, int m0, int mt, size_t col, int rows, const float *out, int stride) {
     for (int m = 0; m < mt; m++) {
@@ -778,6 +1014,12 @@ static void gemv_part(void *p, int part, int parts) {
     split(t->G, part, parts, SF_WIDE ? 2 : 1, &lo, &hi);
     float out[MT * R];
     int k = 0, g0 = 0, col = 0; /* the part holding group lo: its first group and column */
+#if SF_AMX
+    void *scratch = t->M >= 16 && amx_granted() ? aligned_alloc(64, amx_scratch_bytes(t->K / QK)) : NULL;
+    int amx = scratch != NULL, amx_q6 = 0; /* amx_q6: the configuration loaded, q6_k's or the others' */
+    amx_scratch sc = amx_scratch_at(scratch, t->K / QK);
+    if (amx) amx_configure(0);
+#endif
     while (k < t->w->n - 1 && lo >= g0 + (t->w->p[k].N + R - 1) / R) {
         g0 += (t->w->p[k].N + R - 1) / R;
         col += t->w->p[k].N;
@@ -795,9 +1037,21 @@ static void gemv_part(void *p, int part, int parts) {
         int rows = w->N - g * R < R ? w->N - g * R : R;
 #if SF_WIDE
         if (t->M >= SF_WIDE_ROWS && gg + 1 < hi && (g + 1) * R < w->N) { /* g and g + 1 together */
-            float wout[MW * 2 * R];
-            int rows1 = w->N - (g + 1) * R < R ? w->N - (g + 1) * R : R;
-            for (int m0 = 0; m0 < t->M; m0 += MW) {
+            float wout[(SF_AMX ? MA : MW) * 2 * R];
+            int rows1 = w->N - (g + 1) * R < R ? w->N - (g + 1) * R : R, m0 = 0;
+#if SF_AMX
+            if (amx) { /* whole x tiles on the tile unit, the rest in the wide tiles below */
+                if ((w->kind == SF_Q6_K) != amx_q6) amx_configure(amx_q6 = w->kind == SF_Q6_K);
+                for (int whole = t->M / 16 * 16; m0 < whole;) {
+                    int mt = whole - m0 < MA ? whole - m0 : MA;
+                    amx_pair(t, w, g, m0, mt, wout, sc);
+                    put_rows(t, m0, mt, col + (size_t)g * R, R, wout, 2 * R);
+                    put_rows(t, m0, mt, col + (size_t)(g + 1) * R, rows1, wout + R, 2 * R);
+                    m0 += mt;
+                }
+            }
+#endif
+            for (; m0 < t->M; m0 += MW) {
                 int mt = t->M - m0 < MW ? t->M - m0 : MW;
                 wide(t, w, g, m0, mt, wout);
                 put_rows(t, m0, mt, col + (size_t)g * R, R, wout, 2 * R);
@@ -813,6 +1067,9 @@ static void gemv_part(void *p, int part, int parts) {
             put_rows(t, m0, mt, col + (size_t)g * R, rows, out, R);
         }
     }
+#if SF_AMX
+    free(scratch);
+#endif
 }
 
 /* Arguments a caller could get wrong, checked before anything is read: 0 or -1. */

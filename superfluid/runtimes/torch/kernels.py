@@ -51,13 +51,15 @@ def _build() -> Path:
     portable = bool(os.environ.get("SUPERFLUID_PORTABLE_KERNELS"))  # tests: the plain C paths
     no_vnni = bool(os.environ.get("SUPERFLUID_KERNELS_NO_VNNI"))  # tests, benchmarks: AVX2 dot products on a VNNI CPU
     no_512 = bool(os.environ.get("SUPERFLUID_KERNELS_NO_AVX512"))  # tests, benchmarks: 256-bit attention
-    key = hashlib.sha256(src + _cpu_key().encode() + cc.encode() + bytes([portable, no_vnni, no_512])).hexdigest()[:16]
+    no_amx = bool(os.environ.get("SUPERFLUID_KERNELS_NO_AMX"))  # tests, benchmarks: the wide tiles on an AMX CPU
+    key = hashlib.sha256(src + _cpu_key().encode() + cc.encode() + bytes([portable, no_vnni, no_512, no_amx])).hexdigest()[:16]
     out = cache_dir() / f"kernels-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     base = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11", "-D_GNU_SOURCE"] + (["-DSF_NO_VNNI"] if no_vnni else [])
     base += ["-DSF_NO_AVX512"] if no_512 else []
+    base += ["-DSF_NO_AMX"] if no_amx else []
     errors = []
     for arch in ([] if portable else ["-march=native"], []):  # native ISA (AVX2/FMA) first; portable C otherwise
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
