@@ -140,6 +140,51 @@ torch.save(out, sys.argv[1])
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_amx_tiles_give_the_wide_tiles_bits(tmp_path):
+    """Issue 31: where the CPU has AMX-INT8 (and the OS grants the tile state), steps of >= 16 x
+    rows take each block's integer sums from the tile unit and then run the wide tiles' own
+    epilogue. Every GGUF type the kernels read, a fused matrix whose parts switch the tile
+    configuration (Q4_K then Q6_K), x rows in whole tiles and a remainder: the AMX build's
+    products equal the build without it (SUPERFLUID_KERNELS_NO_AMX) and each row computed alone,
+    to the bit."""
+    import os
+    import subprocess
+    import sys
+
+    script = """
+import sys, numpy as np, torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+from superfluid.runtimes.torch import kernels as K
+from superfluid.runtimes.torch.qmat import QCat, QMat
+rng = np.random.default_rng(0)
+def mat(name, N, Kd):
+    qt = Q[name]; block, size = GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, (N, Kd // block, size), dtype=np.uint8)
+    for off in {"Q6_K": [208], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q4_1": [0, 2], "Q5_1": [0, 2]}.get(name, [0]):
+        raw[..., off:off + 2] = (rng.standard_normal((N, Kd // block, 1)) * .01).astype(np.float16).view(np.uint8)
+    return QMat.from_gguf(raw.reshape(N, -1), qt, Kd)
+mats = [mat(n, 200, 512) for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")]
+mats.append(QCat([mat("Q4_K", 72, 512), mat("Q6_K", 48, 512), mat("Q8_0", 40, 512)]))
+x = torch.randn(83, 512, generator=torch.Generator().manual_seed(2))
+out = {"amx": K.amx(), "y": [[K.gemv(x[:M], m) for M in (16, 37, 64, 83)] for m in mats]}
+out["alone"] = [torch.cat([K.gemv(x[i:i + 1], m) for i in range(83)]) for m in mats]
+torch.save(out, sys.argv[1])
+"""
+    results = []
+    for no_amx in ("", "1"):
+        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_KERNELS_NO_AMX=no_amx)
+        path = tmp_path / f"out{no_amx}.pt"
+        subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=300)
+        results.append(torch.load(path))
+    amx, wide = results
+    flags = open("/proc/cpuinfo").read()
+    assert amx["amx"] == ("amx_int8" in flags and "amx_tile" in flags)  # the path ran where the CPU has it
+    assert not wide["amx"]
+    for ys, ws, alone in zip(amx["y"], wide["y"], amx["alone"]):
+        for y, w in zip(ys, ws):
+            assert torch.equal(y, w) and torch.equal(y, alone[: len(y)])
+
+
 def test_gemv_rejects_bad_input():
     m = kernels.QMat(torch.randn(8, 64), "q8_0")
     with pytest.raises(ValueError, match="shape"):

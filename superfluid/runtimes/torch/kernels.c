@@ -1002,6 +1002,16 @@ static void amx_pair(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt
 
 /* y rows [m0, m0 + mt) at column col += or = out [mt][stride] (its first `rows` lanes). */
 static inline void put_rows(const gemv_task *t, int m0, int mt, size_t col, int rows, const float *out, int stride) {
+#if SF_AVX2
+    if (rows == R) { /* a whole group: one vector a row (the same additions) */
+        for (int m = 0; m < mt; m++) {
+            float *y = t->y + (size_t)(m0 + m) * t->N + col;
+            __m256 o = _mm256_loadu_ps(out + m * stride);
+            _mm256_storeu_ps(y, t->accumulate ? _mm256_add_ps(_mm256_loadu_ps(y), o) : o);
+        }
+        return;
+    }
+#endif
     for (int m = 0; m < mt; m++) {
         float *y = t->y + (size_t)(m0 + m) * t->N + col;
         for (int i = 0; i < rows; i++) y[i] = t->accumulate ? y[i] + out[m * stride + i] : out[m * stride + i];
@@ -1111,6 +1121,16 @@ static int gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulat
 }
 
 int sf_gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulate) { return gemv(w, x, y, M, accumulate); }
+
+/* 1 when steps of >= 16 x rows run on the AMX tiles (the build has them and the kernel granted
+ * the tile state), else 0. */
+int sf_amx(void) {
+#if SF_AMX
+    return amx_granted();
+#else
+    return 0;
+#endif
+}
 
 /* ------------------------------------------------------------------- attention
  *

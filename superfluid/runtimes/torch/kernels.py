@@ -78,6 +78,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     P, I, F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.sf_set_threads.argtypes, lib.sf_set_threads.restype = [I], I
     lib.sf_gemv.argtypes, lib.sf_gemv.restype = [P, P, P, I, I], I
+    lib.sf_amx.argtypes, lib.sf_amx.restype = [], I
     lib.sf_attend_decode.argtypes = [P, P, P, P, P, P, I, I, I, I, I, F, P]
     lib.sf_attend_decode.restype = I
     lib.sf_rms_norm.argtypes, lib.sf_rms_norm.restype = [P, P, P, I, I, F], None
@@ -111,6 +112,13 @@ def native() -> ctypes.CDLL | None:
 
 def native_error() -> str | None:
     return _error
+
+
+def amx() -> bool:
+    """Whether many-row products (>= 16 x rows) run on the CPU's AMX tiles: the build has them
+    (an AMX-INT8 CPU, SUPERFLUID_KERNELS_NO_AMX unset) and the OS granted the tile state."""
+    lib = native()
+    return bool(lib is not None and lib.sf_amx())
 
 
 def _sync_threads(lib: ctypes.CDLL) -> None:
