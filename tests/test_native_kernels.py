@@ -143,7 +143,7 @@ torch.save(out, sys.argv[1])
 def test_amx_tiles_give_the_wide_tiles_bits(tmp_path):
     """Issue 31: where the CPU has AMX-INT8 (and the OS grants the tile state), steps of >= 16 x
     rows take each block's integer sums from the tile unit and then run the wide tiles' own
-    epilogue. Every GGUF type the kernels read, a fused matrix whose parts switch the tile
+    epilogue (q8_0 by default; every kind with SUPERFLUID_KERNELS_AMX_ALL). Every GGUF type the kernels read, a fused matrix whose parts switch the tile
     configuration (Q4_K then Q6_K), x rows in whole tiles and a remainder: the AMX build's
     products equal the build without it (SUPERFLUID_KERNELS_NO_AMX) and each row computed alone,
     to the bit."""
@@ -171,18 +171,20 @@ out["alone"] = [torch.cat([K.gemv(x[i:i + 1], m) for i in range(83)]) for m in m
 torch.save(out, sys.argv[1])
 """
     results = []
-    for no_amx in ("", "1"):
-        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_KERNELS_NO_AMX=no_amx)
-        path = tmp_path / f"out{no_amx}.pt"
+    for no_amx, amx_all in (("", ""), ("", "1"), ("1", "")):  # default (q8_0 on the tiles), every kind, none
+        env = dict(os.environ, SUPERFLUID_CACHE=str(tmp_path / "cache"), SUPERFLUID_KERNELS_NO_AMX=no_amx,
+                   SUPERFLUID_KERNELS_AMX_ALL=amx_all)
+        path = tmp_path / f"out{no_amx}{amx_all}.pt"
         subprocess.run([sys.executable, "-c", script, str(path)], env=env, check=True, timeout=300)
         results.append(torch.load(path))
-    amx, wide = results
+    default, every, wide = results
     flags = open("/proc/cpuinfo").read()
-    assert amx["amx"] == ("amx_int8" in flags and "amx_tile" in flags)  # the path ran where the CPU has it
-    assert not wide["amx"]
-    for ys, ws, alone in zip(amx["y"], wide["y"], amx["alone"]):
-        for y, w in zip(ys, ws):
-            assert torch.equal(y, w) and torch.equal(y, alone[: len(y)])
+    has = "amx_int8" in flags and "amx_tile" in flags
+    assert default["amx"] == every["amx"] == has and not wide["amx"]  # the tiles ran where the CPU has them
+    for run in (default, every):
+        for ys, ws, alone in zip(run["y"], wide["y"], run["alone"]):
+            for y, w in zip(ys, ws):
+                assert torch.equal(y, w) and torch.equal(y, alone[: len(y)])
 
 
 def test_gemv_rejects_bad_input():

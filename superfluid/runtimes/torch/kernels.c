@@ -781,6 +781,17 @@ static void wide(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, fl
 #include <sys/syscall.h>
 #include <unistd.h>
 #define MA 64 /* x rows per pass over the blocks: 4 tiles of 16, one C register each */
+/* The kinds that take the tiles. Each block's sums leave the tile unit through memory and
+ * its epilogue stays the wide tiles' (the price of bit-identical rows), so the tiles pay only
+ * where the wide tiles' integer part is dearest: q8_0 (a sign trick per x row). Measured in
+ * one process, builds alternating (benchmarks/gemm_ab.py, Intel Xeon with AMX, 2 cores): q8_0
+ * 1.2-1.4x at 16-512 rows; q4_1, q4_k, q5_k 0.7-1.2x (no gain through the noise); q6_k
+ * 0.4-0.8x. SF_AMX_ALL_KINDS (SUPERFLUID_KERNELS_AMX_ALL=1: tests, benchmarks) sends every kind. */
+#ifdef SF_AMX_ALL_KINDS
+#define AMX_KINDS ((1 << SF_KINDS) - 1)
+#else
+#define AMX_KINDS (1 << SF_Q8_0)
+#endif
 
 static atomic_int amx_state; /* 0: not asked yet, 1: granted, -1: refused */
 
@@ -1025,7 +1036,9 @@ static void gemv_part(void *p, int part, int parts) {
     float out[MT * R];
     int k = 0, g0 = 0, col = 0; /* the part holding group lo: its first group and column */
 #if SF_AMX
-    void *scratch = t->M >= 16 && amx_granted() ? aligned_alloc(64, amx_scratch_bytes(t->K / QK)) : NULL;
+    int amx_parts = 0; /* parts of a kind that takes the tiles */
+    for (int i = 0; i < t->w->n; i++) amx_parts += AMX_KINDS >> t->w->p[i].kind & 1;
+    void *scratch = t->M >= 16 && amx_parts && amx_granted() ? aligned_alloc(64, amx_scratch_bytes(t->K / QK)) : NULL;
     int amx = scratch != NULL, amx_q6 = 0; /* amx_q6: the configuration loaded, q6_k's or the others' */
     amx_scratch sc = amx_scratch_at(scratch, t->K / QK);
     if (amx) amx_configure(0);
@@ -1050,7 +1063,7 @@ static void gemv_part(void *p, int part, int parts) {
             float wout[(SF_AMX ? MA : MW) * 2 * R];
             int rows1 = w->N - (g + 1) * R < R ? w->N - (g + 1) * R : R, m0 = 0;
 #if SF_AMX
-            if (amx) { /* whole x tiles on the tile unit, the rest in the wide tiles below */
+            if (amx && (AMX_KINDS >> w->kind & 1)) { /* whole x tiles on the tile unit, the rest in the wide tiles below */
                 if ((w->kind == SF_Q6_K) != amx_q6) amx_configure(amx_q6 = w->kind == SF_Q6_K);
                 for (int whole = t->M / 16 * 16; m0 < whole;) {
                     int mt = whole - m0 < MA ? whole - m0 : MA;
@@ -1122,8 +1135,8 @@ static int gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulat
 
 int sf_gemv(const sf_qcat *w, const float *x, float *y, int M, int accumulate) { return gemv(w, x, y, M, accumulate); }
 
-/* 1 when steps of >= 16 x rows run on the AMX tiles (the build has them and the kernel granted
- * the tile state), else 0. */
+/* 1 when steps of >= 16 x rows run on the AMX tiles (AMX_KINDS: q8_0 unless built with
+ * SF_AMX_ALL_KINDS), the build having them and the kernel having granted the tile state; else 0. */
 int sf_amx(void) {
 #if SF_AMX
     return amx_granted();

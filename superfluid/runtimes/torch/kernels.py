@@ -52,7 +52,8 @@ def _build() -> Path:
     no_vnni = bool(os.environ.get("SUPERFLUID_KERNELS_NO_VNNI"))  # tests, benchmarks: AVX2 dot products on a VNNI CPU
     no_512 = bool(os.environ.get("SUPERFLUID_KERNELS_NO_AVX512"))  # tests, benchmarks: 256-bit attention
     no_amx = bool(os.environ.get("SUPERFLUID_KERNELS_NO_AMX"))  # tests, benchmarks: the wide tiles on an AMX CPU
-    key = hashlib.sha256(src + _cpu_key().encode() + cc.encode() + bytes([portable, no_vnni, no_512, no_amx])).hexdigest()[:16]
+    amx_all = bool(os.environ.get("SUPERFLUID_KERNELS_AMX_ALL"))  # tests, benchmarks: every kind on the AMX tiles
+    key = hashlib.sha256(src + _cpu_key().encode() + cc.encode() + bytes([portable, no_vnni, no_512, no_amx, amx_all])).hexdigest()[:16]
     out = cache_dir() / f"kernels-{key}.so"
     if out.exists():
         return out
@@ -60,6 +61,7 @@ def _build() -> Path:
     base = ["-O3", "-fPIC", "-shared", "-pthread", "-std=c11", "-D_GNU_SOURCE"] + (["-DSF_NO_VNNI"] if no_vnni else [])
     base += ["-DSF_NO_AVX512"] if no_512 else []
     base += ["-DSF_NO_AMX"] if no_amx else []
+    base += ["-DSF_AMX_ALL_KINDS"] if amx_all else []
     errors = []
     for arch in ([] if portable else ["-march=native"], []):  # native ISA (AVX2/FMA) first; portable C otherwise
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
@@ -115,8 +117,9 @@ def native_error() -> str | None:
 
 
 def amx() -> bool:
-    """Whether many-row products (>= 16 x rows) run on the CPU's AMX tiles: the build has them
-    (an AMX-INT8 CPU, SUPERFLUID_KERNELS_NO_AMX unset) and the OS granted the tile state."""
+    """Whether many-row products (>= 16 x rows; q8_0 matrices, every kind with
+    SUPERFLUID_KERNELS_AMX_ALL) run on the CPU's AMX tiles: the build has them (an AMX-INT8 CPU,
+    SUPERFLUID_KERNELS_NO_AMX unset) and the OS granted the tile state."""
     lib = native()
     return bool(lib is not None and lib.sf_amx())
 
