@@ -1091,6 +1091,7 @@ static void gemv_part(void *p, int part, int parts) {
         }
     }
 #if SF_AMX
+    if (amx) _tile_release(); /* the tile state back to its initial state: context switches skip its 8 KiB */
     free(scratch);
 #endif
 }
