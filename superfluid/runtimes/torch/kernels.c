@@ -785,8 +785,8 @@ static void wide(const gemv_task *t, const sf_qmat *w, int g, int m0, int mt, fl
  * its epilogue stays the wide tiles' (the price of bit-identical rows), so the tiles pay only
  * where the wide tiles' integer part is dearest: q8_0 (a sign trick per x row). Measured in
  * one process, builds alternating (benchmarks/gemm_ab.py, Intel Xeon with AMX, 2 cores): q8_0
- * 1.2-1.4x at 16-512 rows; q4_1, q4_k, q5_k 0.7-1.2x (no gain through the noise); q6_k
- * 0.4-0.8x. SF_AMX_ALL_KINDS (SUPERFLUID_KERNELS_AMX_ALL=1: tests, benchmarks) sends every kind. */
+ * 0.93-1.69x at 16-512 rows by shape (results/gemm_ab_no_amx.json); q4_1, q4_k, q5_k 0.7-1.2x
+ * (no gain through the noise); q6_k 0.4-0.8x. SF_AMX_ALL_KINDS (SUPERFLUID_KERNELS_AMX_ALL=1: tests, benchmarks) sends every kind. */
 #ifdef SF_AMX_ALL_KINDS
 #define AMX_KINDS ((1 << SF_KINDS) - 1)
 #else
@@ -1040,7 +1040,8 @@ static void gemv_part(void *p, int part, int parts) {
     for (int i = 0; i < t->w->n; i++) amx_parts += AMX_KINDS >> t->w->p[i].kind & 1;
     void *scratch = t->M >= 16 && amx_parts && amx_granted() ? aligned_alloc(64, amx_scratch_bytes(t->K / QK)) : NULL;
     int amx = scratch != NULL, amx_q6 = 0; /* amx_q6: the configuration loaded, q6_k's or the others' */
-    amx_scratch sc = amx_scratch_at(scratch, t->K / QK);
+    amx_scratch sc = {0};
+    if (amx) sc = amx_scratch_at(scratch, t->K / QK);
     if (amx) amx_configure(0);
 #endif
     while (k < t->w->n - 1 && lo >= g0 + (t->w->p[k].N + R - 1) / R) {
